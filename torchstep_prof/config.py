@@ -1,0 +1,288 @@
+"""The configuration model: frozen attrs classes holding data and validation only.
+
+Every class validates all of its fields at construction and raises one ``ConfigError`` listing
+every problem (``schedule.wait: must be >= 0 (got -1)``). Change a config with
+``attrs.evolve``; turn it to and from dicts and files with :mod:`torchstep_prof.converter`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional, Tuple, Union
+
+import attrs
+
+from .errors import ConfigError, Problem
+from .naming import sanitize_label
+
+__all__ = ["CONTENT_NAMES", "FinishHookConfig", "ProfilerConfig", "ScheduleConfig"]
+
+CONTENT_NAMES: tuple[str, ...] = ("cpu", "cuda", "memory", "shapes", "stack", "flops", "modules")
+"""What a trace can hold, as named in ``contents``."""
+
+DEFAULT_SAVE_PATH = "outputs/profile"
+
+
+# --- field converters: accept the natural Python spellings, keep the stored value hashable ----
+
+
+def _tuple_or_none(value: Any) -> Any:
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def _tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, (list, tuple, set, frozenset)) else value
+
+
+def _path_text(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _command(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _paths(value: Any) -> Any:
+    if isinstance(value, (str, os.PathLike)):
+        return (os.fspath(value),)
+    if isinstance(value, (list, tuple)):
+        return tuple(_path_text(v) for v in value)
+    return value
+
+
+# --- checks: each returns the problems it found, so a class can report all at once -----------
+
+_Check = Callable[[str, Any], "list[Problem]"]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_at_least(minimum: int) -> _Check:
+    def check(key: str, value: Any) -> list[Problem]:
+        if not _is_int(value):
+            return [Problem(key, f"must be an integer (got {value!r})")]
+        if value < minimum:
+            return [Problem(key, f"must be >= {minimum} (got {value!r})")]
+        return []
+
+    return check
+
+
+def _seconds(*, allow_zero: bool) -> _Check:
+    def check(key: str, value: Any) -> list[Problem]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return [Problem(key, f"must be a number of seconds (got {value!r})")]
+        if value < 0 or (value == 0 and not allow_zero) or value != value:
+            bound = ">= 0" if allow_zero else "> 0"
+            return [Problem(key, f"must be {bound} (got {value!r})")]
+        return []
+
+    return check
+
+
+def _bool(key: str, value: Any) -> list[Problem]:
+    if not isinstance(value, bool):
+        return [Problem(key, f"must be true or false (got {value!r})")]
+    return []
+
+
+def _text(key: str, value: Any) -> list[Problem]:
+    if not isinstance(value, str) or not value:
+        return [Problem(key, f"must be a non-empty string (got {value!r})")]
+    return []
+
+
+def _optional(check: _Check) -> _Check:
+    return lambda key, value: [] if value is None else check(key, value)
+
+
+def _int_list(*, minimum: int, unique: bool, non_empty: bool) -> _Check:
+    item_check = _int_at_least(minimum)
+
+    def check(key: str, value: Any) -> list[Problem]:
+        if not isinstance(value, tuple):
+            return [Problem(key, f"must be a list of integers (got {value!r})")]
+        if non_empty and not value:
+            return [Problem(key, "must list at least one value (got [])")]
+        found = [p for i, item in enumerate(value) for p in item_check(f"{key}[{i}]", item)]
+        if unique and not found and len(set(value)) != len(value):
+            repeated = sorted({v for v in value if value.count(v) > 1})
+            found.append(Problem(key, f"must not repeat a value (got {list(value)}; repeated {repeated})"))
+        return found
+
+    return check
+
+
+def _validate(instance: Any, checks: dict[str, _Check]) -> list[Problem]:
+    return [p for name, check in checks.items() for p in check(name, getattr(instance, name))]
+
+
+def _raise_if(problems: list[Problem]) -> None:
+    if problems:
+        raise ConfigError(problems)
+
+
+# --- the model ----------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ScheduleConfig:
+    """Which steps are profiled (steps are numbered from 1).
+
+    Either an explicit list, ``ScheduleConfig(steps=(1, 3))``, or torch.profiler's cycle: skip
+    ``skip_first`` steps, then ``repeat`` cycles of ``wait`` idle, ``warmup`` traced-and-discarded
+    and ``active`` recorded steps (``repeat=0`` cycles for as long as the scope lasts).
+
+    >>> ScheduleConfig(skip_first=1, wait=1, warmup=1, active=2, repeat=2).active
+    2
+    """
+
+    steps: Optional[Tuple[int, ...]] = attrs.field(default=None, converter=_tuple_or_none)
+    skip_first: int = 0
+    wait: int = 0
+    warmup: int = 0
+    active: int = 1
+    repeat: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        problems = _validate(
+            self,
+            {
+                "steps": _optional(_int_list(minimum=1, unique=True, non_empty=True)),
+                "skip_first": _int_at_least(0),
+                "wait": _int_at_least(0),
+                "warmup": _int_at_least(0),
+                "active": _int_at_least(1),
+                "repeat": _int_at_least(0),
+            },
+        )
+        if self.steps is not None:
+            # An explicit list and a cycle would contradict each other; say so instead of
+            # silently ignoring one of them.
+            for name, default in (("skip_first", 0), ("wait", 0), ("warmup", 0), ("active", 1), ("repeat", 1)):
+                value = getattr(self, name)
+                if value != default and not any(p.path == name for p in problems):
+                    problems.append(
+                        Problem(name, f"cannot be combined with an explicit steps list (got {value!r}; "
+                                f"leave it at {default} or set steps to null)")
+                    )
+        _raise_if(problems)
+
+
+@attrs.frozen(kw_only=True)
+class FinishHookConfig:
+    """The command run once when profiling is finished (see ``on_finish``).
+
+    ``cmd`` as a string runs through ``/bin/sh -c``; as a list it runs without a shell.
+
+    >>> FinishHookConfig(cmd=["echo", "done"], timeout_s=60).cmd
+    ('echo', 'done')
+    """
+
+    cmd: Union[str, Tuple[str, ...]] = attrs.field(converter=_command)
+    ranks: Optional[Tuple[int, ...]] = attrs.field(default=None, converter=_tuple_or_none)
+    all_ranks: bool = False
+    per_node: bool = False
+    node_wait_s: float = 300.0
+    timeout_s: Optional[float] = None
+    relocate: Tuple[str, ...] = attrs.field(default=(), converter=_paths)
+
+    def __attrs_post_init__(self) -> None:
+        problems = _validate(
+            self,
+            {
+                "ranks": _optional(_int_list(minimum=0, unique=True, non_empty=False)),
+                "all_ranks": _bool,
+                "per_node": _bool,
+                "node_wait_s": _seconds(allow_zero=True),
+                "timeout_s": _optional(_seconds(allow_zero=False)),
+            },
+        )
+        problems[:0] = _check_command(self.cmd)
+        if not isinstance(self.relocate, tuple):
+            problems.append(Problem("relocate", f"must be a list of directories (got {self.relocate!r})"))
+        else:
+            problems += [p for i, d in enumerate(self.relocate) for p in _text(f"relocate[{i}]", d)]
+        _raise_if(problems)
+
+
+def _check_command(cmd: Any) -> list[Problem]:
+    if isinstance(cmd, str):
+        return [] if cmd.strip() else [Problem("cmd", f"must be a non-empty command (got {cmd!r})")]
+    if isinstance(cmd, tuple):
+        if not cmd:
+            return [Problem("cmd", "must be a non-empty command (got [])")]
+        wrong = [
+            Problem(f"cmd[{i}]", f"must be a string (got {arg!r})")
+            for i, arg in enumerate(cmd)
+            if not isinstance(arg, str)
+        ]
+        if wrong:
+            return wrong
+        return [] if cmd[0] else [Problem("cmd[0]", "must name a program (got '')")]
+    return [Problem("cmd", f"must be a string or a list of strings (got {cmd!r})")]
+
+
+def _check_contents(key: str, value: Any) -> list[Problem]:
+    if not isinstance(value, tuple):
+        return [Problem(key, f"must be a list of names from {', '.join(CONTENT_NAMES)} (got {value!r})")]
+    return [
+        Problem(key, f"{item!r} is not one of {', '.join(CONTENT_NAMES)}")
+        for item in value
+        if item not in CONTENT_NAMES
+    ]
+
+
+def _check_role(key: str, value: Any) -> list[Problem]:
+    if not isinstance(value, str):
+        return [Problem(key, f"must be a string or null (got {value!r})")]
+    try:
+        sanitize_label(value, key)
+    except ValueError:
+        return [Problem(key, f"must keep at least one of 0-9 A-Z a-z . = + - (got {value!r})")]
+    return []
+
+
+@attrs.frozen(kw_only=True)
+class ProfilerConfig:
+    """Everything torchstep_prof needs to know; the scopes each set some of these fields.
+
+    >>> cfg = ProfilerConfig(schedule=ScheduleConfig(steps=(1, 3)), ranks=(0, 2))
+    >>> cfg.save_path, cfg.discrete
+    ('outputs/profile', True)
+    """
+
+    enable: bool = True
+    save_path: str = attrs.field(default=DEFAULT_SAVE_PATH, converter=_path_text)
+    discrete: bool = True
+    gzip: bool = False
+    summary: bool = True
+    process_role: Optional[str] = None
+    ranks: Tuple[int, ...] = attrs.field(default=(0,), converter=_tuple)
+    all_ranks: bool = False
+    contents: Tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    schedule: Optional[ScheduleConfig] = None
+    finish_hook: Optional[FinishHookConfig] = None
+
+    def __attrs_post_init__(self) -> None:
+        problems = _validate(
+            self,
+            {
+                "enable": _bool,
+                "save_path": _text,
+                "discrete": _bool,
+                "gzip": _bool,
+                "summary": _bool,
+                "process_role": _optional(_check_role),
+                "ranks": _int_list(minimum=0, unique=True, non_empty=False),
+                "all_ranks": _bool,
+                "contents": _check_contents,
+            },
+        )
+        for name, cls in (("schedule", ScheduleConfig), ("finish_hook", FinishHookConfig)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, cls):
+                problems.append(Problem(name, f"must be a {cls.__name__} or null (got {value!r})"))
+        _raise_if(problems)

@@ -1,0 +1,64 @@
+"""The package's exceptions: one root, and ``ConfigError`` for bad configuration."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import attrs
+
+
+class TorchstepProfError(Exception):
+    """Root of every exception raised by torchstep_prof."""
+
+
+@attrs.frozen
+class Problem:
+    """One thing wrong with a configuration: where (a dotted key path) and what.
+
+    ``path`` is empty for a problem with the whole input (an unreadable file, say).
+    """
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+    def under(self, prefix: str) -> Problem:
+        """The same problem seen from a parent: ``wait`` under ``schedule`` is ``schedule.wait``."""
+        if not prefix:
+            return self
+        return Problem(f"{prefix}.{self.path}" if self.path else prefix, self.message)
+
+
+class ConfigError(TorchstepProfError, ValueError):
+    """A configuration was rejected; ``problems`` lists every reason, one line each.
+
+    >>> from torchstep_prof import ScheduleConfig
+    >>> ScheduleConfig(wait=-1, active=0)
+    Traceback (most recent call last):
+    ...
+    torchstep_prof.errors.ConfigError: 2 problems in the configuration:
+      wait: must be >= 0 (got -1)
+      active: must be >= 1 (got 0)
+    """
+
+    def __init__(self, problems: Iterable[Problem | str]) -> None:
+        self.problems: tuple[Problem, ...] = tuple(
+            p if isinstance(p, Problem) else Problem("", str(p)) for p in problems
+        )
+        super().__init__(self._render(self.problems))
+
+    @staticmethod
+    def _render(problems: Sequence[Problem]) -> str:
+        if len(problems) == 1:
+            return str(problems[0])
+        lines = "\n".join(f"  {p}" for p in problems)
+        return f"{len(problems)} problems in the configuration:\n{lines}"
+
+    def under(self, prefix: str) -> ConfigError:
+        """This error with every key path placed under ``prefix``."""
+        return ConfigError(p.under(prefix) for p in self.problems)
+
+    def __reduce__(self):  # keep the problems across pickling (multiprocessing)
+        return (type(self), (self.problems,))

@@ -1,0 +1,157 @@
+"""Trace file names: the one builder, its exact inverse, and the label rules they share.
+
+A trace is named ``<role>_<stage>_step<n>_rank<r>-of-<w>_pid<p>_<ts>.json`` (``.json.gz`` when
+gzipped, ``_part<i>`` before the extension when the name was taken). Labels are sanitized to
+``[0-9A-Za-z.=+-]`` so ``_`` only ever separates fields and no name can leave ``save_path``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+
+import attrs
+
+__all__ = [
+    "TraceName",
+    "build_trace_name",
+    "parse_trace_name",
+    "range_label",
+    "sanitize_label",
+    "with_part",
+]
+
+_LABEL_CHARS = r"0-9A-Za-z.=+\-"
+_NOT_LABEL_RUN = re.compile(rf"[^{_LABEL_CHARS}]+")
+_LABEL = rf"[{_LABEL_CHARS}]+"
+_TIMESTAMP_DIGITS = 17
+_TIMESTAMP_FORMAT = "%Y%m%d%H%M%S"
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+_TRACE_NAME = re.compile(
+    rf"^(?P<role>{_LABEL})_(?P<stage>{_LABEL})_step(?P<step>\d+)"
+    rf"_rank(?P<rank>\d+)-of-(?P<world>\d+)_pid(?P<pid>\d+)_(?P<ts>\d{{{_TIMESTAMP_DIGITS}}})"
+    r"(?:_part(?P<part>[1-9]\d*))?\.json(?P<gz>\.gz)?$"
+)
+TRACE_NAME_PATTERN = _TRACE_NAME.pattern
+"""The regular expression every trace file name matches (``re.fullmatch`` it on a base name)."""
+
+# torch writes range names into the trace JSON unescaped: these characters would break the file.
+_UNSAFE_IN_RANGE = re.compile(r'["\\\x00-\x1f\x7f-\U0010ffff]')
+
+
+def sanitize_label(label: str, what: str = "label") -> str:
+    """A role or stage as it appears in file names.
+
+    >>> sanitize_label("compute_log_prob")
+    'compute-log-prob'
+    >>> sanitize_label("../../etc")
+    'etc'
+
+    Raises ``ValueError`` naming ``what`` and the label when nothing is left.
+    """
+    if not isinstance(label, str):
+        raise TypeError(f"{what} must be a string (got {label!r})")
+    cleaned = _NOT_LABEL_RUN.sub("-", label).strip("-.")
+    if not cleaned:
+        raise ValueError(
+            f"{what} {label!r} has no character left after sanitizing "
+            f"(file names keep only 0-9 A-Z a-z . = + -)"
+        )
+    return cleaned
+
+
+def range_label(text: str) -> str:
+    """A label made safe for a range name inside a trace (``"``, ``\\``, control and
+    non-ASCII characters become ``_``; everything else is kept as given)."""
+    return _UNSAFE_IN_RANGE.sub("_", text)
+
+
+@attrs.frozen(kw_only=True)
+class TraceName:
+    """The fields of a trace file name; ``role`` and ``stage`` are sanitized labels."""
+
+    role: str
+    stage: str
+    step: int
+    rank: int
+    world_size: int
+    pid: int
+    timestamp: _dt.datetime
+    part: int = 0
+    gzip: bool = False
+
+    @property
+    def world(self) -> int:
+        """Alias of ``world_size``, as the name writes it (``rank<r>-of-<world>``)."""
+        return self.world_size
+
+
+def format_timestamp(moment: _dt.datetime) -> str:
+    """UTC ``%Y%m%d%H%M%S`` plus milliseconds: 17 digits."""
+    moment = moment.astimezone(_dt.timezone.utc)
+    return moment.strftime(_TIMESTAMP_FORMAT) + f"{moment.microsecond // 1000:03d}"
+
+
+def build_trace_name(name: TraceName) -> str:
+    """The file name (no folder) for ``name``.
+
+    >>> import datetime as dt
+    >>> build_trace_name(TraceName(role="actor", stage="compute_log_prob", step=3, rank=0,
+    ...     world_size=2, pid=41, timestamp=dt.datetime(2026, 8, 14, 12, 27, 31, 89000,
+    ...     tzinfo=dt.timezone.utc)))
+    'actor_compute-log-prob_step3_rank0-of-2_pid41_20260814122731089.json'
+    """
+    role = sanitize_label(name.role, "role")
+    stage = sanitize_label(name.stage, "stage")
+    base = (
+        f"{role}_{stage}_step{name.step}_rank{name.rank}-of-{name.world_size}"
+        f"_pid{name.pid}_{format_timestamp(name.timestamp)}"
+    )
+    part = f"_part{name.part}" if name.part else ""
+    return f"{base}{part}{'.json.gz' if name.gzip else '.json'}"
+
+
+def parse_trace_name(path: str | os.PathLike[str]) -> TraceName:
+    """The fields of a trace file name, the exact inverse of :func:`build_trace_name`.
+
+    >>> parse_trace_name("out/actor_update_step2_rank1-of-4_pid7_20260814122731089.json.gz").rank
+    1
+
+    Raises ``ValueError`` naming the file when it is not a trace name.
+    """
+    base = os.path.basename(os.fspath(path))
+    match = _TRACE_NAME.match(base)
+    if match is None:
+        raise ValueError(
+            f"{base!r} is not a torchstep_prof trace name "
+            f"(<role>_<stage>_step<n>_rank<r>-of-<w>_pid<p>_<17-digit UTC time>.json[.gz])"
+        )
+    ts = match["ts"]
+    moment = _dt.datetime.strptime(ts[:14], _TIMESTAMP_FORMAT).replace(
+        microsecond=int(ts[14:]) * 1000, tzinfo=_dt.timezone.utc
+    )
+    return TraceName(
+        role=match["role"],
+        stage=match["stage"],
+        step=int(match["step"]),
+        rank=int(match["rank"]),
+        world_size=int(match["world"]),
+        pid=int(match["pid"]),
+        timestamp=moment,
+        part=int(match["part"] or 0),
+        gzip=bool(match["gz"]),
+    )
+
+
+def with_part(filename: str, part: int) -> str:
+    """``filename`` with ``_part<part>`` before its ``.json`` / ``.json.gz`` extension
+    (before the last extension for other files); ``part=0`` returns it unchanged."""
+    if not part:
+        return filename
+    for suffix in (".json.gz", ".json"):
+        if filename.endswith(suffix):
+            return f"{filename[: -len(suffix)]}_part{part}{suffix}"
+    stem, ext = os.path.splitext(filename)
+    return f"{stem}_part{part}{ext}"
