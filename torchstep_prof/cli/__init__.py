@@ -1,0 +1,42 @@
+"""The ``torchstep-prof`` command line (also ``python -m torchstep_prof``).
+
+Each subcommand lives in its own module exposing ``register(subparsers)``, which adds its parser
+and sets ``func`` to a callable taking the parsed arguments and returning the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+# Imported lazily by name so `torchstep-prof ls` does not pay for rich or the merge code.
+_SUBCOMMAND_MODULES = ("config_cmd", "summarize_cmd", "merge_cmd", "ls_cmd", "hta_cmd")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchstep-prof",
+        description="Inspect torchstep_prof configs and trace folders.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in _SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            continue  # a subcommand not written yet
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

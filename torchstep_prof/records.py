@@ -1,0 +1,162 @@
+"""Plain records of what profiling did in this process: traces written, hooks run, time spent.
+
+The engine and the finish hook append here; the summary and ``records()`` read a snapshot.
+Records are process-wide (one profiler per process), so the store is guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional, Tuple, Union
+
+import attrs
+
+__all__ = ["HookRecord", "ProfilingCosts", "ProfilingRecords", "TraceRecord", "records"]
+
+
+@attrs.frozen(kw_only=True)
+class TraceRecord:
+    """One trace this process wrote, or failed to write (then ``path`` is None and ``error`` says why).
+
+    ``role`` and ``stage`` are the labels as they appear in the file name.
+    """
+
+    role: str
+    stage: str
+    step: int
+    rank: int
+    world_size: int
+    discrete: bool
+    path: Optional[str]
+    size_bytes: int = 0
+    wall_s: float = 0.0
+    start_s: float = 0.0
+    stop_s: float = 0.0
+    export_s: float = 0.0
+    error: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+HOOK_OK = "ok"
+HOOK_FAILED = "failed"
+HOOK_TIMEOUT = "timeout"
+HOOK_NOT_STARTED = "not-started"
+
+
+@attrs.frozen(kw_only=True)
+class HookRecord:
+    """One run of a finish hook on this rank.
+
+    ``outcome`` is ``ok``, ``failed`` (non-zero exit), ``timeout`` or ``not-started``;
+    ``missing_ranks`` lists the local ranks a per-node uploader did not hear from in time.
+    """
+
+    cmd: Union[str, Tuple[str, ...]]
+    rank: int
+    outcome: str
+    exit_code: Optional[int]
+    duration_s: float
+    wait_s: float = 0.0
+    message: Optional[str] = None
+    missing_ranks: Tuple[int, ...] = ()
+    relocated: Tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == HOOK_OK
+
+
+@attrs.frozen(kw_only=True)
+class ProfilingCosts:
+    """Seconds profiling itself cost this process, outside the user's code."""
+
+    warmup_s: float = 0.0  # torch.profiler's one-time first-start cost, paid outside any step
+    start_s: float = 0.0
+    stop_s: float = 0.0
+    export_s: float = 0.0
+    hook_wait_s: float = 0.0  # per-node uploaders waiting for their node-mates
+
+    @property
+    def total_s(self) -> float:
+        return self.warmup_s + self.start_s + self.stop_s + self.export_s + self.hook_wait_s
+
+
+@attrs.frozen(kw_only=True)
+class ProfilingRecords:
+    """A snapshot of everything recorded so far in this process."""
+
+    traces: Tuple[TraceRecord, ...] = ()
+    hooks: Tuple[HookRecord, ...] = ()
+    costs: ProfilingCosts = ProfilingCosts()
+    missed_steps: Tuple[int, ...] = ()  # steps a finite schedule selected that never ran
+
+    def __bool__(self) -> bool:
+        return bool(self.traces or self.hooks)
+
+
+class _RecordStore:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._traces: list[TraceRecord] = []
+        self._hooks: list[HookRecord] = []
+        self._costs = ProfilingCosts()
+        self._missed: set[int] = set()
+
+    def add_trace(self, record: TraceRecord) -> None:
+        with self._lock:
+            self._traces.append(record)
+
+    def replace_trace(self, old: TraceRecord, new: TraceRecord) -> None:
+        """Swap a record for its final form (a gzip finished off the training thread)."""
+        with self._lock:
+            for i, record in enumerate(self._traces):
+                if record is old:
+                    self._traces[i] = new
+                    return
+            self._traces.append(new)
+
+    def add_hook(self, record: HookRecord) -> None:
+        with self._lock:
+            self._hooks.append(record)
+
+    def add_costs(self, **seconds: float) -> None:
+        with self._lock:
+            self._costs = attrs.evolve(
+                self._costs, **{k: getattr(self._costs, k) + v for k, v in seconds.items()}
+            )
+
+    def add_missed_steps(self, steps: set[int] | frozenset[int]) -> None:
+        with self._lock:
+            self._missed |= steps
+
+    def snapshot(self) -> ProfilingRecords:
+        with self._lock:
+            return ProfilingRecords(
+                traces=tuple(self._traces),
+                hooks=tuple(self._hooks),
+                costs=self._costs,
+                missed_steps=tuple(sorted(self._missed)),
+            )
+
+    def clear(self) -> None:
+        with self._lock:
+            self._traces.clear()
+            self._hooks.clear()
+            self._costs = ProfilingCosts()
+            self._missed.clear()
+
+
+STORE = _RecordStore()
+
+
+def records() -> ProfilingRecords:
+    """Everything profiling did in this process so far: traces, hook runs, costs.
+
+    >>> import torchstep_prof as tsp
+    >>> [t.path for t in tsp.records().traces]  # doctest: +SKIP
+    ['outputs/profile/actor_update_step1_rank0-of-1_pid7_20260814122731089.json']
+    """
+    return STORE.snapshot()
