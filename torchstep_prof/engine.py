@@ -1,0 +1,303 @@
+"""The profiling engine: who owns this process's one torch profiler, and what happens when it stops.
+
+Exactly one profiler runs per process, owned by the outermost profiled block (a region in
+discrete mode, a ``step`` block in fused mode). Everything entered while it records, in any
+thread or asyncio task, becomes a range in that trace. The engine is process-wide by nature
+(torch's profiler is), so its state sits on one object guarded by a lock; the scope stacks
+themselves live in context variables (:mod:`torchstep_prof.scopes`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import itertools
+import os
+import threading
+import time
+import warnings
+from typing import Any, Iterator, Optional
+
+import torch
+
+from .naming import range_label, sanitize_label
+from .records import STORE, TraceRecord
+from .scopes import Frame, HookScope, env_hook_scope
+from .selection import StepAction, last_selected_step, selected_steps
+from .session import TraceSession, open_range
+from .topology import current_topology
+from .export import TraceWriter
+
+__all__ = ["ENGINE", "CURRENT_STEP", "ProfilerStartWarning"]
+
+
+class ProfilerStartWarning(UserWarning):
+    """torch's profiler could not start; the block ran unprofiled."""
+
+
+class ForeignProfilerWarning(UserWarning):
+    """Another torch profiler was already running; regions became ranges in its trace."""
+
+
+# The innermost ``step(n)`` block of this thread / task (an object with a ``number``).
+CURRENT_STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("torchstep_prof_step")
+
+_RANGE_NAMES: dict[tuple[str, str], str] = {}
+
+
+def range_name(role: str, stage: str) -> str:
+    """``<role>/<stage>`` made safe for torch's unescaped JSON (cached: regions repeat)."""
+    name = _RANGE_NAMES.get((role, stage))
+    if name is None:
+        name = _RANGE_NAMES[(role, stage)] = range_label(f"{role}/{stage}")
+    return name
+
+
+class _OwnedTrace:
+    """Returned to the block that owns a trace; its ``__exit__`` stops and writes it."""
+
+    __slots__ = ("_engine", "_session")
+
+    def __init__(self, engine: Engine, session: TraceSession) -> None:
+        self._engine = engine
+        self._session = session
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._engine.stop_session(self._session)
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.session: Optional[TraceSession] = None
+        self.writer = TraceWriter()
+        self.forked = False
+        self.warmed = False
+        self._counters: dict[tuple[str, str], Iterator[int]] = {}
+        self._profiled_steps: set[int] = set()
+        self._atexit_registered = False
+        self._warned: set[str] = set()
+        self.summary_wanted = True  # the ``summary`` field of the last config that profiled
+
+    # --- regions and steps -------------------------------------------------------------------
+
+    def enter_region(self, frame: Frame, role: str, stage: str, step: Optional[int]) -> Any:
+        """The slow path of a region under a frame that may profile; returns an object whose
+        ``__exit__`` must be called when the region exits, or None when there is nothing to do."""
+        if self.forked:
+            return None
+        if frame.idle:  # the root frame, resolved on first use
+            return None
+        if step is None:
+            current = CURRENT_STEP.get(None)
+            step = current.number if current is not None else self._count(role, stage)
+        session = self.session
+        if session is not None:
+            if session.fused:
+                session.add_role(role)
+            return open_range(range_name(role, stage))
+        action = frame.action(step)
+        if action is StepAction.NONE:
+            return None
+        sanitize_label(role, "role"), sanitize_label(stage, "stage")
+        return self._start(frame, role, stage, step, action)
+
+    def enter_step(self, frame: Frame, number: int) -> Any:
+        """A fused ``step`` block's entry: start the trace it owns when its step is selected."""
+        if self.forked or self.session is not None:
+            return None
+        action = frame.action(number)
+        if action is StepAction.NONE:
+            return None
+        return self._start(frame, None, None, number, action)
+
+    def step_exited(self, frame: Frame, number: int) -> None:
+        """After a ``step`` block: finish the hook scope when this was its last selected step."""
+        scope = frame.hook_scope
+        if scope is None or scope.finished:
+            return
+        last = last_selected_step(frame.config.schedule)
+        if last is not None and number >= last:
+            self.finish(scope)
+
+    def _count(self, role: str, stage: str) -> int:
+        counter = self._counters.get((role, stage))
+        if counter is None:
+            counter = self._counters.setdefault((role, stage), itertools.count(1))
+        return next(counter)
+
+    # --- the profiler window -----------------------------------------------------------------
+
+    def _start(self, frame: Frame, role: Optional[str], stage: Optional[str], step: int, action: StepAction) -> Any:
+        if torch.autograd._profiler_enabled():
+            # Someone else's profiler: a second start() would silently succeed, and stopping
+            # either would end both. Join theirs as a range instead.
+            self._warn_once("foreign", "another torch profiler is running; torchstep_prof regions are ranges in its trace", ForeignProfilerWarning)
+            return None if role is None else open_range(range_name(role, stage or ""))
+        session = TraceSession(
+            config=frame.config,
+            role=role,
+            stage=stage,
+            step=step,
+            action=action,
+            topology=current_topology(),
+            hook_scope=frame.hook_scope,
+        )
+        with self.lock:
+            if self.session is not None:  # another thread started one first: be a range in it
+                lost_to = self.session
+            else:
+                lost_to = None
+                self.session = session
+        if lost_to is not None:
+            if role is None:
+                return None
+            if lost_to.fused:
+                lost_to.add_role(role)
+            return open_range(range_name(role, stage or ""))
+        self._ensure_atexit()
+        self.summary_wanted = frame.config.summary
+        if not self.warmed:
+            self.warm_up()
+        try:
+            session.start()
+        except Exception as exc:
+            with self.lock:
+                self.session = None
+            label = f"{role}/{stage}" if role is not None else "fused trace"
+            warnings.warn(
+                f"torchstep_prof: the profiler failed to start for {label} step {step} ({exc!r}); "
+                "the block runs unprofiled",
+                ProfilerStartWarning,
+                stacklevel=4,
+            )
+            STORE.add_trace(
+                TraceRecord(
+                    role=sanitize_label(role, "role") if role else "main",
+                    stage=sanitize_label(stage, "stage") if stage else "train",
+                    step=step,
+                    rank=session.topology.rank,
+                    world_size=session.topology.world_size,
+                    discrete=role is not None,
+                    path=None,
+                    error=f"profiler failed to start: {exc!r}",
+                )
+            )
+            return None
+        self._profiled_steps.add(step)
+        return _OwnedTrace(self, session)
+
+    def stop_session(self, session: TraceSession) -> None:
+        """Stop ``session`` (always), then write it when its step records. Never raises."""
+        try:
+            try:
+                session.stop()
+            finally:
+                with self.lock:
+                    if self.session is session:
+                        self.session = None
+                STORE.add_costs(start_s=session.start_s, stop_s=session.stop_s)
+            if session.action is StepAction.RECORD:
+                hook_scope: Optional[HookScope] = session.hook_scope
+                roles = session.file_roles
+
+                def on_written(record: TraceRecord) -> None:
+                    if hook_scope is not None and record.path is not None:
+                        hook_scope.add_trace(record.path, roles)
+
+                self.writer.write(session, on_written)
+        except Exception as exc:  # never let profiling replace the user's exception or result
+            self._warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", UserWarning)
+
+    def warm_up(self) -> None:
+        """Pay torch.profiler's one-time start-up cost (~1 s: it imports torch._inductor) now,
+        outside any step, instead of inside the first profiled one."""
+        if self.warmed or self.forked or torch.autograd._profiler_enabled():
+            return
+        self.warmed = True
+        t0 = time.perf_counter()
+        try:
+            warm = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            warm.start()
+            warm.stop()
+        except Exception:  # the real start will report it
+            pass
+        STORE.add_costs(warmup_s=time.perf_counter() - t0)
+
+    # --- scopes and the finish hook ----------------------------------------------------------
+
+    def prepare(self, frame: Frame) -> None:
+        """A scope was entered: warm the profiler up if this rank may profile under it."""
+        if frame.idle or self.forked:
+            return
+        self._ensure_atexit()
+        if not self.warmed and frame.rank_selected():
+            self.warm_up()
+
+    def scope_exited(self, frame: Frame, parent: Frame) -> None:
+        if self.writer.has_pending:
+            self.writer.flush()
+        if frame.hook_scope is not None and frame.hook_scope is not parent.hook_scope:
+            self.finish(frame.hook_scope)
+        schedule = frame.config.schedule
+        if (
+            not frame.idle
+            and schedule is not parent.config.schedule
+            and not self.forked
+            and frame.rank_selected()
+        ):
+            last = last_selected_step(schedule)
+            if last is not None:
+                missed = set(selected_steps(schedule, last)) - self._profiled_steps
+                if missed:
+                    STORE.add_missed_steps(frozenset(missed))
+
+    def finish(self, scope: HookScope) -> None:
+        """Profiling under ``scope`` is finished: run its hook here if this rank is selected."""
+        with scope.lock:
+            if scope.finished:
+                return
+            scope.finished = True
+        if self.forked:
+            return
+        from .finishing import run_finish
+
+        self.summary_wanted = scope.config.summary
+        self.writer.flush()
+        run_finish(scope)
+
+    def at_exit(self) -> None:
+        if self.forked:
+            return
+        try:
+            self.writer.flush()
+            scope = env_hook_scope()
+            if scope is not None:
+                self.finish(scope)
+        finally:
+            from .summary import print_summary_at_exit
+
+            print_summary_at_exit(self.summary_wanted)
+
+    def _ensure_atexit(self) -> None:
+        if not self._atexit_registered:
+            self._atexit_registered = True
+            atexit.register(self.at_exit)
+
+    def _warn_once(self, key: str, message: str, category: type[Warning]) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, category, stacklevel=4)
+
+    def after_fork_in_child(self) -> None:
+        # A DataLoader worker inherits the parent's state, maybe a running profiler: it must
+        # write nothing, run no hook and print no summary.
+        self.forked = True
+        self.session = None
+        self.lock = threading.Lock()
+        self.writer.forget_after_fork()
+
+
+ENGINE = Engine()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=ENGINE.after_fork_in_child)

@@ -1,0 +1,244 @@
+"""Writing a stopped session's trace: complete files or none, never an overwrite.
+
+torch writes the JSON into a scratch folder inside ``save_path`` (same file system, so the final
+step is a rename); the file is checked (torch only logs when it cannot write), then given its
+name without ever replacing an existing file (``_part<i>`` on a clash). With ``gzip=True`` the
+compression runs on one background thread; :meth:`TraceWriter.flush` waits for it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gzip
+import os
+import shutil
+import threading
+import time
+import warnings
+from typing import Callable, Optional
+
+import attrs
+
+from .naming import TraceName, build_trace_name
+from .records import STORE, TraceRecord
+from .session import TraceSession
+
+__all__ = ["TraceWriter", "TraceWriteWarning"]
+
+SCRATCH_DIR = ".torchstep_prof-partial"
+_GZIP_LEVEL = 6  # level 9 (torch's choice) costs ~2x the time for ~5% smaller files
+
+
+class TraceWriteWarning(UserWarning):
+    """A trace could not be written; training goes on and the failure is recorded."""
+
+
+class _ExportFailed(Exception):
+    pass
+
+
+class TraceWriter:
+    """Exports sessions to files; process-wide (one per engine)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claimed: set[str] = set()
+        self._pending: list[concurrent.futures.Future[None]] = []
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._reported: set[tuple[str, str]] = set()
+
+    # --- public -------------------------------------------------------------------------------
+
+    def write(self, session: TraceSession, on_written: Callable[[TraceRecord], None]) -> None:
+        """Export ``session``; ``on_written`` gets the record once the file is final (for gzip,
+        later, on the compression thread). Failures are warned about once and recorded."""
+        t0 = time.perf_counter()
+        name = self._name_for(session)
+        record = self._record_for(session, name)
+        scratch = os.path.join(session.config.save_path, SCRATCH_DIR)
+        raw_path = os.path.join(scratch, build_trace_name(attrs.evolve(name, gzip=False)))
+        try:
+            self._export(session, scratch, raw_path)
+            if not name.gzip:
+                path = self._claim(raw_path, session.config.save_path, name)
+                self._finish(record, path, time.perf_counter() - t0, on_written)
+                return
+        except _ExportFailed as exc:
+            self._fail(record, str(exc), t0, raw_path)
+            return
+        export_s = time.perf_counter() - t0
+        future = self._pool().submit(self._compress, raw_path, name, record, export_s, session.config.save_path, on_written)
+        with self._lock:
+            self._pending.append(future)
+
+    def flush(self) -> None:
+        """Wait until every pending (gzip) file is on disk."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def forget_after_fork(self) -> None:
+        # The parent's compression thread does not exist in a forked child.
+        self._executor = None
+        self._pending = []
+        self._lock = threading.Lock()
+
+    # --- steps --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _name_for(session: TraceSession) -> TraceName:
+        return TraceName(
+            role=session.file_role,
+            stage=session.file_stage,
+            step=session.step,
+            rank=session.topology.rank,
+            world_size=session.topology.world_size,
+            pid=os.getpid(),
+            timestamp=session.started_at,
+            gzip=session.config.gzip,
+        )
+
+    @staticmethod
+    def _record_for(session: TraceSession, name: TraceName) -> TraceRecord:
+        return TraceRecord(
+            role=name.role,
+            stage=name.stage,
+            step=name.step,
+            rank=name.rank,
+            world_size=name.world_size,
+            discrete=not session.fused,
+            path=None,
+            wall_s=session.wall_s,
+            start_s=session.start_s,
+            stop_s=session.stop_s,
+        )
+
+    @staticmethod
+    def _export(session: TraceSession, scratch: str, raw_path: str) -> None:
+        try:
+            os.makedirs(scratch, exist_ok=True)
+        except OSError as exc:
+            raise _ExportFailed(f"cannot create {scratch!r}: {exc.strerror or exc}") from None
+        prof = session.profile
+        if prof is None:
+            raise _ExportFailed("no profiler output to export")
+        try:
+            prof.export_chrome_trace(raw_path)
+        except Exception as exc:  # torch raises a bare RuntimeError for some failures
+            raise _ExportFailed(f"torch could not export the trace: {exc}") from None
+        # torch does not raise when it cannot write: it only logs. Check the file is whole.
+        if not _looks_complete(raw_path):
+            raise _ExportFailed(f"torch wrote no complete trace to {raw_path!r} (is the folder writable, the disk full?)")
+
+    def _compress(
+        self,
+        raw_path: str,
+        name: TraceName,
+        record: TraceRecord,
+        export_s: float,
+        save_path: str,
+        on_written: Callable[[TraceRecord], None],
+    ) -> None:
+        t0 = time.perf_counter()
+        gz_path = raw_path + ".gz"
+        try:
+            with open(raw_path, "rb") as source, gzip.open(gz_path, "wb", compresslevel=_GZIP_LEVEL) as target:
+                shutil.copyfileobj(source, target, 1 << 20)
+            _remove(raw_path)
+            path = self._claim(gz_path, save_path, name)
+        except (OSError, _ExportFailed) as exc:
+            self._fail(record, f"cannot write the gzip trace: {exc}", t0, raw_path, gz_path, export_s=export_s)
+            return
+        # The compression ran off the training thread: only the export counts as its cost.
+        self._finish(record, path, export_s, on_written)
+
+    def _claim(self, source: str, save_path: str, name: TraceName) -> str:
+        """Give ``source`` the first free name ``name`` allows; never replace a file."""
+        part = 0
+        while True:
+            target = os.path.join(save_path, build_trace_name(attrs.evolve(name, part=part)))
+            part += 1
+            with self._lock:
+                if target in self._claimed:
+                    continue
+                self._claimed.add(target)
+            try:
+                os.link(source, target)  # fails if the target exists: no overwrite, no race
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                # A file system without hard links: check, then rename (same folder, atomic).
+                if os.path.exists(target):
+                    continue
+                try:
+                    os.rename(source, target)
+                except OSError:
+                    raise _ExportFailed(f"cannot name the trace {target!r}: {exc.strerror or exc}") from None
+                return target
+            _remove(source)
+            _remove_if_empty(os.path.dirname(source))
+            return target
+
+    def _finish(self, record: TraceRecord, path: str, export_s: float, on_written: Callable[[TraceRecord], None]) -> None:
+        final = attrs.evolve(record, path=path, size_bytes=os.path.getsize(path), export_s=export_s)
+        STORE.add_costs(export_s=final.export_s)
+        STORE.add_trace(final)
+        on_written(final)
+
+    def _fail(self, record: TraceRecord, error: str, t0: float, *leftovers: str, export_s: float = 0.0) -> None:
+        for path in leftovers:
+            _remove(path)
+        if leftovers:
+            _remove_if_empty(os.path.dirname(leftovers[0]))
+        final = attrs.evolve(record, error=error, export_s=export_s + time.perf_counter() - t0)
+        STORE.add_costs(export_s=final.export_s)
+        STORE.add_trace(final)
+        key = (os.path.dirname(os.path.dirname(leftovers[0])) if leftovers else "", error.split(":")[0])
+        with self._lock:
+            first = key not in self._reported
+            self._reported.add(key)
+        if first:
+            warnings.warn(
+                f"torchstep_prof: trace {record.role}/{record.stage} step {record.step} not written: {error}. "
+                "Training continues; later failures of this kind are only recorded.",
+                TraceWriteWarning,
+                stacklevel=2,
+            )
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchstep_prof-gzip")
+            return self._executor
+
+
+def _looks_complete(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            if size == 0:
+                return False
+            f.seek(max(0, size - 64))
+            return f.read().rstrip().endswith(b"}")
+    except OSError:
+        return False
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _remove_if_empty(folder: str) -> None:
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass

@@ -1,0 +1,335 @@
+"""Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
+``configure()``.
+
+Each scope pushes a frame onto a stack held in a ``ContextVar`` (threads and asyncio tasks see
+their own stack). A frame stores the effective config, computed once when the scope is entered
+(innermost field wins, the environment's word on top), so a region only reads one attribute to
+know whether there is anything to do. Scopes are entered rarely, so they are generator context
+managers: that makes each one usable as a decorator for free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import difflib
+import itertools
+import os
+import threading
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import attrs
+
+from .config import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from .errors import ConfigError, Problem
+from .selection import StepAction, rank_selected, step_action
+from .topology import current_topology
+
+__all__ = [
+    "configure",
+    "contents",
+    "effective_config",
+    "on_finish",
+    "ranks",
+    "schedule",
+]
+
+
+class HookScope:
+    """The mutable state of one ``on_finish`` scope: what it collected, and whether it ran.
+
+    Created when a scope sets ``finish_hook`` (or, for a hook set only through the environment,
+    once per process). ``parent`` is the enclosing hook scope: a trace written under an inner
+    scope is also under the outer one.
+    """
+
+    _ordinals: dict[Any, Iterator[int]] = {}
+    _ordinals_lock = threading.Lock()
+
+    def __init__(self, config: ProfilerConfig, parent: Optional[HookScope]) -> None:
+        self.config = config
+        self.parent = parent
+        self.lock = threading.Lock()
+        self.finished = False
+        self.traces: list[str] = []
+        self.roles: list[str] = []
+        # Local ranks of one node must agree on which scope they finish, without talking to
+        # each other: the n-th scope with the same hook config in each process is the same one.
+        key = repr(config.finish_hook)
+        with HookScope._ordinals_lock:
+            counter = HookScope._ordinals.setdefault(key, itertools.count(1))
+            self.scope_id = f"{next(counter)}:{key}"
+
+    def chain(self) -> Iterator[HookScope]:
+        scope: Optional[HookScope] = self
+        while scope is not None:
+            yield scope
+            scope = scope.parent
+
+    def add_trace(self, path: str, roles: Sequence[str]) -> None:
+        for scope in self.chain():
+            with scope.lock:
+                scope.traces.append(path)
+                scope.roles.extend(r for r in roles if r not in scope.roles)
+
+
+class Frame:
+    """One entry of the scope stack (kept small: regions read ``idle`` on every entry)."""
+
+    __slots__ = ("config", "idle", "hook_scope", "_rank_cache")
+
+    def __init__(self, config: ProfilerConfig, hook_scope: Optional[HookScope]) -> None:
+        self.config = config
+        # Nothing can be profiled under this frame: regions return at once.
+        self.idle = (not config.enable) or config.schedule is None
+        self.hook_scope = hook_scope
+        self._rank_cache: Optional[tuple[Any, bool]] = None
+
+    def rank_selected(self) -> bool:
+        topology = current_topology()
+        cache = self._rank_cache
+        if cache is not None and cache[0] is topology:
+            return cache[1]
+        selected = rank_selected(self.config.ranks, self.config.all_ranks, topology.rank)
+        self._rank_cache = (topology, selected)
+        return selected
+
+    def action(self, step: int) -> StepAction:
+        """What to do for ``step`` on this rank under this frame."""
+        action = step_action(self.config.schedule, step)
+        if action is StepAction.NONE or not self.rank_selected():
+            return StepAction.NONE
+        return action
+
+
+class _RootFrame(Frame):
+    """The frame in force outside every scope: the defaults plus the environment.
+
+    The environment is read on first use, not at import, so a bad ``TORCHSTEP_PROF_*`` variable
+    raises at the first region or scope that reads it.
+    """
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self.config = ProfilerConfig()
+        self.idle = False  # unknown until resolved: send the first region down the slow path
+        self.hook_scope = None
+        self._rank_cache = None
+
+    def resolve(self) -> Frame:
+        resolved = _frame_for(ProfilerConfig(), parent=None, sets_hook=False)
+        self.config, self.hook_scope = resolved.config, resolved.hook_scope
+        self.idle = resolved.idle
+        return self
+
+
+_ROOT = _RootFrame()
+_ROOT_RESOLVED = False
+_STACK: contextvars.ContextVar[Frame] = contextvars.ContextVar("torchstep_prof_scope")
+_ENV_HOOK_SCOPE: Optional[HookScope] = None
+_ENV_HOOK_LOCK = threading.Lock()
+
+
+def current_frame() -> Frame:
+    """The innermost frame, the root one resolved against the environment."""
+    global _ROOT_RESOLVED
+    frame = _STACK.get(_ROOT)
+    if frame is _ROOT and not _ROOT_RESOLVED:
+        _ROOT.resolve()
+        _ROOT_RESOLVED = True
+    return frame
+
+
+def reset_root() -> None:
+    """Forget the root frame's reading of the environment (tests that change it in-process)."""
+    global _ROOT_RESOLVED, _ENV_HOOK_SCOPE
+    _ROOT.__init__()
+    _ROOT_RESOLVED = False
+    _ENV_HOOK_SCOPE = None
+
+
+def env_hook_scope() -> Optional[HookScope]:
+    """The process-wide scope of a hook set only through the environment, if one was made."""
+    return _ENV_HOOK_SCOPE
+
+
+def _frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: bool) -> Frame:
+    global _ENV_HOOK_SCOPE
+    from .environment import read_environment
+
+    layer = read_environment()
+    config = code_config if layer.is_empty else layer.apply(code_config)
+    parent_hook = parent.hook_scope if parent is not None else None
+    if sets_hook and config.finish_hook is not None:
+        hook_scope: Optional[HookScope] = HookScope(config, parent_hook)
+    elif parent_hook is not None:
+        hook_scope = parent_hook
+    elif layer.sets_finish_hook and config.finish_hook is not None:
+        with _ENV_HOOK_LOCK:
+            if _ENV_HOOK_SCOPE is None:
+                _ENV_HOOK_SCOPE = HookScope(config, None)
+            hook_scope = _ENV_HOOK_SCOPE
+    else:
+        hook_scope = None
+    return Frame(config, hook_scope)
+
+
+@contextlib.contextmanager
+def _pushed(fields: dict[str, Any] | ProfilerConfig) -> Iterator[ProfilerConfig]:
+    from . import engine
+
+    parent = current_frame()
+    base = _CODE_CONFIG.get(ProfilerConfig())
+    code_config = fields if isinstance(fields, ProfilerConfig) else _evolve(base, fields)
+    sets_hook = isinstance(fields, ProfilerConfig) or "finish_hook" in fields
+    frame = _frame_for(code_config, parent, sets_hook)
+    frame_token = _STACK.set(frame)
+    code_token = _CODE_CONFIG.set(code_config)
+    engine.ENGINE.prepare(frame)
+    try:
+        yield frame.config
+    finally:
+        _CODE_CONFIG.reset(code_token)
+        _STACK.reset(frame_token)
+        engine.ENGINE.scope_exited(frame, parent)
+
+
+# The code's config at each depth, kept beside the frames so that the environment layer is
+# applied exactly once on top of it (never to an already-overridden config).
+_CODE_CONFIG: contextvars.ContextVar[ProfilerConfig] = contextvars.ContextVar("torchstep_prof_code_config")
+
+_FIELD_NAMES = tuple(a.name for a in attrs.fields(ProfilerConfig))
+
+
+def _evolve(base: ProfilerConfig, fields: dict[str, Any]) -> ProfilerConfig:
+    unknown = [name for name in fields if name not in _FIELD_NAMES]
+    if unknown:
+        problems = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, _FIELD_NAMES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (allowed: {', '.join(_FIELD_NAMES)})"
+            problems.append(Problem(name, f"unknown key{hint}"))
+        raise ConfigError(problems)
+    sections = {"schedule": ScheduleConfig, "finish_hook": FinishHookConfig}
+    values = dict(fields)
+    for name, cls in sections.items():
+        if isinstance(values.get(name), dict):
+            from .converter import from_dict
+
+            try:
+                values[name] = from_dict(values[name], cls)
+            except ConfigError as exc:
+                raise exc.under(name) from None
+    return attrs.evolve(base, **values)
+
+
+def effective_config() -> ProfilerConfig:
+    """The configuration a region entered here would use (scopes and environment applied).
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.schedule(steps=[2]):
+    ...     tsp.effective_config().schedule.steps
+    (2,)
+    """
+    return current_frame().config
+
+
+def schedule(
+    steps: Optional[Sequence[int]] = None,
+    *,
+    skip_first: int = 0,
+    wait: int = 0,
+    warmup: int = 0,
+    active: int = 1,
+    repeat: int = 1,
+) -> contextlib.AbstractContextManager[ProfilerConfig]:
+    """Profile chosen steps: an explicit list, or torch.profiler's cycle.
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.schedule(steps=[1, 3]):          # steps 1 and 3
+    ...     pass
+    >>> with tsp.schedule(wait=1, warmup=1, active=2, repeat=0):  # 3,4 then 7,8 then ...
+    ...     pass
+    """
+    return _pushed(
+        {
+            "schedule": ScheduleConfig(
+                steps=steps, skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat
+            )
+        }
+    )
+
+
+def ranks(*ranks: Union[int, Sequence[int]], all_ranks: bool = False) -> contextlib.AbstractContextManager[ProfilerConfig]:
+    """Profile on chosen global ranks (default: rank 0), or on every rank.
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.ranks(0, 2):
+    ...     pass
+    >>> with tsp.ranks(all_ranks=True):
+    ...     pass
+    """
+    chosen: tuple[Any, ...] = ranks
+    if len(ranks) == 1 and isinstance(ranks[0], (list, tuple, range)):
+        chosen = tuple(ranks[0])
+    if not chosen and not all_ranks:
+        raise ConfigError([Problem("ranks", "name at least one rank, or pass all_ranks=True (got none)")])
+    return _pushed({"ranks": chosen or (0,), "all_ranks": all_ranks})
+
+
+def contents(*items: str) -> contextlib.AbstractContextManager[ProfilerConfig]:
+    """Choose what traces hold: any of cpu, cuda, memory, shapes, stack, flops, modules.
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.contents("cpu", "shapes", "memory"):
+    ...     pass
+    """
+    return _pushed({"contents": items})
+
+
+def on_finish(
+    cmd: Union[str, Sequence[str]],
+    *,
+    ranks: Optional[Sequence[int]] = None,
+    all_ranks: bool = False,
+    per_node: bool = False,
+    node_wait_s: float = 300.0,
+    timeout_s: Optional[float] = None,
+    relocate: Union[str, os.PathLike[str], Sequence[Union[str, os.PathLike[str]]]] = (),
+) -> contextlib.AbstractContextManager[ProfilerConfig]:
+    """Run ``cmd`` once on each selected rank when profiling under this scope is finished.
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.schedule(steps=[1]), tsp.on_finish('ls "$TORCHSTEP_PROF_SAVE_PATH"'):
+    ...     pass
+    """
+    hook = FinishHookConfig(
+        cmd=list(cmd) if not isinstance(cmd, str) else cmd,
+        ranks=ranks,
+        all_ranks=all_ranks,
+        per_node=per_node,
+        node_wait_s=node_wait_s,
+        timeout_s=timeout_s,
+        relocate=relocate,
+    )
+    return _pushed({"finish_hook": hook})
+
+
+def configure(
+    config: Union[ProfilerConfig, str, os.PathLike[str], None] = None, **fields: Any
+) -> contextlib.AbstractContextManager[ProfilerConfig]:
+    """Set any field (``save_path``, ``discrete``, ``gzip``, ...); a whole ``ProfilerConfig`` or a
+    config file path sets every field, and ``fields`` then apply on top.
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.configure(save_path="/tmp/prof", gzip=True):
+    ...     pass
+    """
+    if config is None:
+        return _pushed(fields)
+    if not isinstance(config, ProfilerConfig):
+        from .config_files import load_config
+
+        config = load_config(config)
+    return _pushed(_evolve(config, fields) if fields else config)

@@ -1,0 +1,93 @@
+"""Where this process sits in the job: the one rank resolver.
+
+Global rank and world size come from ``torch.distributed`` when a default process group exists,
+else from the ``RANK`` / ``WORLD_SIZE`` variables torchrun sets, else ``0`` of ``1``. Local rank
+and local world size come from ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``; without them a process is
+taken to be alone on its node with its global rank (``mp.spawn`` on one host).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Any, Mapping, Optional
+
+import attrs
+
+__all__ = ["Topology", "current_topology"]
+
+
+@attrs.frozen(kw_only=True)
+class Topology:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        warnings.warn(f"torchstep_prof: ignoring {name}={raw!r} (not an integer); using {default}", stacklevel=3)
+        return default
+
+
+def _default_group() -> Any:
+    # Look torch.distributed up without importing it: a process that never imported it has no
+    # process group, and the lookup must stay cheap on the region path.
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.group.WORLD
+
+
+def distributed_initialized() -> bool:
+    """Whether a default ``torch.distributed`` process group exists (never imports it)."""
+    return _default_group() is not None
+
+
+def _resolve(group: Any, environ: Mapping[str, str]) -> Topology:
+    rank = _env_int(environ, "RANK", 0)
+    world_size = _env_int(environ, "WORLD_SIZE", 1)
+    if group is not None:
+        import torch.distributed as dist
+
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return Topology(
+        rank=rank,
+        world_size=world_size,
+        local_rank=_env_int(environ, "LOCAL_RANK", rank),
+        local_world_size=_env_int(environ, "LOCAL_WORLD_SIZE", world_size),
+    )
+
+
+# (process group it was computed for, pid, topology). The environment of a process does not
+# change its rank, so only a new process group (or a fork) invalidates the cache.
+_cached: Optional[tuple[Any, int, Topology]] = None
+
+
+def current_topology() -> Topology:
+    """This process's rank, world size, local rank and local world size.
+
+    >>> current_topology().world_size >= 1
+    True
+    """
+    global _cached
+    group = _default_group()
+    cached = _cached
+    if cached is not None and cached[0] is group and cached[1] == os.getpid():
+        return cached[2]
+    topology = _resolve(group, os.environ)
+    _cached = (group, os.getpid(), topology)
+    return topology
+
+
+def forget_topology() -> None:
+    """Drop the cached answer (tests that change ``RANK`` in-process)."""
+    global _cached
+    _cached = None
