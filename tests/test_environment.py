@@ -1,0 +1,197 @@
+"""read_environment: the environment's layer wins over the code's config, is cached, names its source."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from torchstep_prof.config import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from torchstep_prof.config_files import dump_config
+from torchstep_prof.environment import (
+    ENV_CONFIG,
+    ENV_OVERRIDES,
+    ENV_SUMMARY,
+    EnvironmentLayer,
+    read_environment,
+    summary_disabled,
+)
+from torchstep_prof.errors import ConfigError
+
+CODE = ProfilerConfig(gzip=True, ranks=(3,), schedule=ScheduleConfig(wait=1, active=2),
+                      finish_hook=FinishHookConfig(cmd="code-hook"))
+
+
+def test_variable_names() -> None:
+    assert (ENV_CONFIG, ENV_OVERRIDES, ENV_SUMMARY) == (
+        "TORCHSTEP_PROF_CONFIG", "TORCHSTEP_PROF_OVERRIDES", "TORCHSTEP_PROF_SUMMARY")
+
+
+@pytest.mark.parametrize("environ", [{}, {ENV_CONFIG: ""}, {ENV_OVERRIDES: "  "}, {"OTHER": "x"}])
+def test_nothing_set_is_empty(environ: dict[str, str]) -> None:
+    layer = read_environment(environ)
+    assert layer.is_empty and not layer.sets_finish_hook
+    assert layer.apply(CODE) is CODE
+
+
+def test_overrides_apply_on_top_of_the_code() -> None:
+    layer = read_environment({ENV_OVERRIDES: "schedule.repeat=3 ranks=[0,1] 'finish_hook.cmd=upload x'"})
+    assert not layer.is_empty and layer.sets_finish_hook
+    assert layer.apply(CODE) == ProfilerConfig(
+        gzip=True, ranks=(0, 1), schedule=ScheduleConfig(wait=1, active=2, repeat=3),
+        finish_hook=FinishHookConfig(cmd="upload x"),
+    )
+    assert layer.apply(ProfilerConfig()).schedule == ScheduleConfig(repeat=3)  # null section created
+
+
+def test_the_spec_example() -> None:
+    layer = read_environment({ENV_OVERRIDES: "schedule.steps=[2] ranks=[0,1] 'finish_hook.cmd=upload x'"})
+    cfg = layer.apply(ProfilerConfig())
+    assert cfg.schedule == ScheduleConfig(steps=(2,)) and cfg.ranks == (0, 1)
+    assert cfg.finish_hook == FinishHookConfig(cmd="upload x")
+
+
+def test_a_file_replaces_the_code_config_then_overrides_apply(tmp_path: Path) -> None:
+    path = tmp_path / "env.yaml"
+    dump_config(ProfilerConfig(schedule=ScheduleConfig(steps=(5,))), path)
+    layer = read_environment({ENV_CONFIG: str(path)})
+    assert layer.config_path == str(path) and not layer.sets_finish_hook
+    assert layer.apply(CODE) == ProfilerConfig(schedule=ScheduleConfig(steps=(5,)))  # code's hook gone too
+    layer = read_environment({ENV_CONFIG: str(path), ENV_OVERRIDES: "gzip=true"})
+    assert layer.apply(CODE) == ProfilerConfig(schedule=ScheduleConfig(steps=(5,)), gzip=True)
+
+
+@pytest.mark.parametrize(
+    ("file_hook", "overrides", "expected"),
+    [
+        (False, "", False),
+        (True, "", True),
+        (False, "finish_hook.cmd=x", True),
+        (None, "finish_hook.timeout_s=5", True),  # the hook's command comes from the code
+        (None, "'finish_hook={cmd: x}'", True),
+        (True, "finish_hook=null", False),
+        (None, "finish_hook=null", False),
+        (False, "finish_hook=null finish_hook.cmd=x", True),
+        (None, "gzip=true", False),
+    ],
+)
+def test_sets_finish_hook(tmp_path: Path, file_hook: bool | None, overrides: str, expected: bool) -> None:
+    environ = {ENV_OVERRIDES: overrides}
+    if file_hook is not None:  # None: no file
+        path = tmp_path / "env.toml"
+        dump_config(ProfilerConfig(finish_hook=FinishHookConfig(cmd="f") if file_hook else None), path)
+        environ[ENV_CONFIG] = str(path)
+    assert read_environment(environ).sets_finish_hook is expected
+
+
+def test_a_layer_is_data() -> None:
+    layer = read_environment({ENV_OVERRIDES: "gzip=true"})
+    assert isinstance(layer, EnvironmentLayer)
+    assert layer == read_environment({ENV_OVERRIDES: " gzip=true "})  # equal, cache or not
+    with pytest.raises(AttributeError):
+        layer.config = ProfilerConfig()  # type: ignore[misc]
+
+
+def test_os_environ_is_read_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_CONFIG, raising=False)
+    monkeypatch.setenv(ENV_OVERRIDES, "discrete=false")
+    assert read_environment().apply(ProfilerConfig()).discrete is False
+    monkeypatch.delenv(ENV_OVERRIDES)
+    assert read_environment().is_empty
+
+
+def test_parsed_once_and_cached() -> None:
+    environ = {ENV_OVERRIDES: "schedule.steps=[2] all_ranks=true"}
+    first = read_environment(environ)
+    assert read_environment(dict(environ)) is first
+    assert read_environment({ENV_OVERRIDES: "all_ranks=true"}) is not first
+    cfg = ProfilerConfig()
+    assert first.apply(cfg) is first.apply(cfg)
+
+
+def test_a_changed_file_is_read_again(tmp_path: Path) -> None:
+    path = tmp_path / "env.json"
+    dump_config(ProfilerConfig(gzip=True), path)
+    environ = {ENV_CONFIG: str(path)}
+    first = read_environment(environ)
+    assert read_environment(environ) is first
+    dump_config(ProfilerConfig(gzip=False, summary=False), path)
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))  # a newer mtime, whatever the clock
+    assert read_environment(environ).apply(CODE) == ProfilerConfig(gzip=False, summary=False)
+
+
+def test_reading_an_unchanged_environment_is_cheap(tmp_path: Path) -> None:
+    path = tmp_path / "env.yaml"
+    dump_config(ProfilerConfig(), path)
+    environ = {ENV_CONFIG: str(path), ENV_OVERRIDES: "schedule.steps=[2]"}
+    read_environment(environ)
+    n = 2000
+    start = time.perf_counter()
+    for _ in range(n):
+        read_environment(environ)
+    per_call = (time.perf_counter() - start) / n
+    # A few microseconds (one stat) in practice; the bound only catches a re-parse (~1 ms).
+    assert per_call < 100e-6
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        (
+            {ENV_OVERRIDES: "schedule.wait=-1 'x"},
+            ["TORCHSTEP_PROF_OVERRIDES: cannot split \"schedule.wait=-1 'x\" like a shell command line "
+             "(No closing quotation)"],
+        ),
+        (
+            {ENV_OVERRIDES: "shedule.steps=[2] ranks=[1, noequals"},
+            ["TORCHSTEP_PROF_OVERRIDES: shedule: unknown key in override 'shedule.steps=[2]' (did you mean 'schedule'?)",
+             "TORCHSTEP_PROF_OVERRIDES: ranks: override 'ranks=[1,' has a value that is not valid YAML "
+             "(expected the node content, but found '<stream end>' at column 4)",
+             "TORCHSTEP_PROF_OVERRIDES: override 'noequals' has no '=' (expected key=value, e.g. schedule.steps=[1,3])"],
+        ),
+        (
+            {ENV_CONFIG: "missing.toml"},
+            ["TORCHSTEP_PROF_CONFIG: missing.toml: cannot be read (No such file or directory)"],
+        ),
+        (
+            {ENV_CONFIG: "bad.yaml"},
+            ["TORCHSTEP_PROF_CONFIG=bad.yaml: schedule.wait: must be >= 0 (got -1)",
+             "TORCHSTEP_PROF_CONFIG=bad.yaml: colour: unknown key (allowed: enable, save_path, discrete, gzip, "
+             "summary, process_role, ranks, all_ranks, contents, schedule, finish_hook)"],
+        ),
+        (
+            {ENV_CONFIG: "good.yaml", ENV_OVERRIDES: "schedule.steps=[2]"},
+            ["TORCHSTEP_PROF_OVERRIDES: schedule.wait: cannot be combined with an explicit steps list "
+             "(got 1; leave it at 0 or set steps to null)"],
+        ),
+    ],
+)
+def test_a_bad_environment_names_its_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               environ: dict[str, str], expected: list[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("bad.yaml").write_text("schedule: {wait: -1}\ncolour: red\n")
+    Path("good.yaml").write_text("schedule: {wait: 1}\n")
+    for _ in range(2):  # a cached error is raised again, each time
+        with pytest.raises(ConfigError) as info:
+            read_environment(environ)
+        assert [str(p) for p in info.value.problems] == expected
+
+
+def test_a_value_that_does_not_fit_the_code_config_fails_at_apply() -> None:
+    layer = read_environment({ENV_OVERRIDES: "finish_hook.timeout_s=5"})
+    assert layer.apply(CODE).finish_hook == FinishHookConfig(cmd="code-hook", timeout_s=5)
+    with pytest.raises(ConfigError) as info:
+        layer.apply(ProfilerConfig())
+    assert str(info.value) == "TORCHSTEP_PROF_OVERRIDES: finish_hook.cmd: required"
+
+
+@pytest.mark.parametrize(
+    ("value", "disabled"),
+    [("0", True), ("false", True), ("No", True), (" OFF ", True), ("1", False), ("true", False), ("", False),
+     (None, False)],
+)
+def test_summary_disabled(value: str | None, disabled: bool) -> None:
+    environ = {} if value is None else {ENV_SUMMARY: value}
+    assert summary_disabled(environ) is disabled

@@ -1,0 +1,241 @@
+"""Config files: JSON, YAML and TOML, chosen by the file's extension.
+
+``load_config(path)`` reads and validates one; ``dump_config(cfg, path)`` writes one that loads
+back equal. Every failure is a ``ConfigError`` naming the file (and the parser's line and column
+where it has them). TOML has no null: a dump leaves ``None`` fields out and a load fills their
+defaults, which are ``None``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Union
+
+from .config import ProfilerConfig
+from .converter import from_dict, to_dict
+from .errors import ConfigError, Problem
+
+__all__ = ["CONFIG_FORMATS", "dump_config", "format_config", "load_config", "parse_yaml"]
+
+CONFIG_FORMATS: dict[str, str] = {".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}
+"""The file extensions understood, each with its format."""
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def load_config(path: PathLike) -> ProfilerConfig:
+    """Read a config file (``.json``, ``.yaml``/``.yml`` or ``.toml``); missing keys take defaults.
+
+    >>> cfg = load_config("profile.yaml")  # doctest: +SKIP
+    >>> cfg.schedule.steps  # doctest: +SKIP
+    (1, 3)
+    """
+    fmt = _format_of(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise _file_error(path, f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise _file_error(path, f"cannot be read ({exc.strerror or exc})") from None
+    data = _PARSERS[fmt](path, text)
+    if data is None and fmt == "yaml":
+        data = {}  # an empty (or all-comments) YAML file means every default, as in TOML
+    if not isinstance(data, dict):
+        raise _file_error(path, f"must hold a mapping of keys to values at the top level (got {data!r})")
+    return from_dict(data, ProfilerConfig)
+
+
+def dump_config(cfg: ProfilerConfig, path: PathLike) -> None:
+    """Write ``cfg`` to ``path`` in the format its extension names; it loads back equal.
+
+    The file is written to a temporary name first and renamed, so it is complete or absent; a
+    file that cannot be written raises the ``OSError``.
+
+    >>> dump_config(ProfilerConfig(ranks=(0, 1)), "profile.toml")  # doctest: +SKIP
+    """
+    text = format_config(cfg, _format_of(path))
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def format_config(cfg: ProfilerConfig, fmt: str = "yaml") -> str:
+    """``cfg`` as the text of a ``json``, ``yaml`` or ``toml`` file.
+
+    >>> print(format_config(ProfilerConfig(ranks=(0, 2)), "toml"), end="")
+    enable = true
+    save_path = "outputs/profile"
+    discrete = true
+    gzip = false
+    summary = true
+    ranks = [0, 2]
+    all_ranks = false
+    contents = []
+    """
+    data = to_dict(cfg)
+    if fmt == "json":
+        return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    if fmt == "yaml":
+        import yaml  # costs more than the config model: only when a file is written
+
+        # Flow style for lists of scalars (`ranks: [0, 2]`), block style for the sections.
+        options = dict(Dumper=_yaml_dumper(), sort_keys=False, default_flow_style=None)
+        text = yaml.dump(data, allow_unicode=True, **options)
+        if parse_yaml(text) != data:
+            # PyYAML writing raw Unicode folds a NEL (U+0085) in a string into a space;
+            # escaped (`"\N"`) it survives. Rare enough to pay for the check with a re-read.
+            text = yaml.dump(data, allow_unicode=False, **options)
+        return text
+    if fmt == "toml":
+        return _to_toml(data)
+    raise ValueError(f"unknown config format {fmt!r} (allowed: json, yaml, toml)")
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML as torchstep_prof reads it: ``yaml.safe_load``, but ``1e-3`` is a number.
+
+    PyYAML follows YAML 1.1, where a float needs a dot and ``1e-3`` is a string; YAML 1.2, JSON
+    and TOML read it as a number, and so does a person writing ``timeout_s: 1e-3``.
+
+    >>> parse_yaml("timeout_s: 1e-3")
+    {'timeout_s': 0.001}
+    """
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())
+
+
+_EXPONENT_FLOAT = r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"
+
+
+@functools.lru_cache(maxsize=None)
+def _yaml_loader() -> type:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    # add_implicit_resolver copies the resolver table onto the subclass: SafeLoader is untouched.
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+0123456789"))
+    return Loader
+
+
+@functools.lru_cache(maxsize=None)
+def _yaml_dumper() -> type:
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    # The same rule when writing, so that the string "1e3" is quoted and reads back a string.
+    Dumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+0123456789"))
+    return Dumper
+
+
+def _format_of(path: PathLike) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix not in CONFIG_FORMATS:
+        got = repr(suffix) if suffix else "no extension"
+        allowed = ", ".join(CONFIG_FORMATS)
+        raise _file_error(path, f"unknown config file format (got {got}; allowed: {allowed})")
+    return CONFIG_FORMATS[suffix]
+
+
+def _file_error(path: PathLike, message: str) -> ConfigError:
+    return ConfigError([Problem("", f"{os.fspath(path)}: {message}")])
+
+
+# --- readers: each turns a parser's complaint into one line naming the file and the place --------
+
+
+def _read_json(path: PathLike, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _file_error(path, f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+
+
+def _read_yaml(path: PathLike, text: str) -> Any:
+    import yaml
+
+    try:
+        return parse_yaml(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        detail = f"{problem} ({context})" if context else problem
+        raise _file_error(path, f"invalid YAML{where}: {detail}") from None
+
+
+def _read_toml(path: PathLike, text: str) -> Any:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib puts "(at line L, column C)" in its message.
+        raise _file_error(path, f"invalid TOML: {exc}") from None
+
+
+_PARSERS = {"json": _read_json, "yaml": _read_yaml, "toml": _read_toml}
+
+
+# --- a TOML writer for this schema: scalars and lists on top, then one table per section ------
+
+
+def _to_toml(data: dict[str, Any]) -> str:
+    lines = [f"{key} = {_toml_value(value)}" for key, value in data.items()
+             if value is not None and not isinstance(value, dict)]
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines += ["", f"[{key}]"]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in value.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)  # '300.0', '1e-05': both valid TOML floats
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} to TOML")
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_string(text: str) -> str:
+    # A basic string: TOML forbids raw control characters (DEL included) inside one.
+    out = []
+    for ch in text:
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'

@@ -1,0 +1,202 @@
+"""The environment's layer of configuration: switch profiling on with no code change.
+
+``TORCHSTEP_PROF_CONFIG=<file>`` replaces the code's configuration with the file's;
+``TORCHSTEP_PROF_OVERRIDES="schedule.steps=[2] 'finish_hook.cmd=upload x'"`` (split like a shell
+command line) is applied on top. The environment's word wins over the code's scopes. The scopes
+call :func:`read_environment` each time one is entered, so it caches its parse by the variables'
+raw values (and the file's identity and mtime) and costs a few microseconds when nothing changed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Mapping
+
+import attrs
+
+from .config import ProfilerConfig
+from .errors import ConfigError, Problem
+
+if TYPE_CHECKING:
+    from .overrides import Override
+
+__all__ = [
+    "ENV_CONFIG",
+    "ENV_OVERRIDES",
+    "ENV_SUMMARY",
+    "EnvironmentLayer",
+    "read_environment",
+    "summary_disabled",
+]
+
+ENV_CONFIG = "TORCHSTEP_PROF_CONFIG"
+"""A config file (``.json``, ``.yaml``/``.yml``, ``.toml``) that replaces the code's config."""
+ENV_OVERRIDES = "TORCHSTEP_PROF_OVERRIDES"
+"""``key=value`` overrides, split like a shell command line, applied on top."""
+ENV_SUMMARY = "TORCHSTEP_PROF_SUMMARY"
+"""``0`` / ``false`` / ``no`` / ``off`` turns the summary at exit off."""
+
+_OFF_WORDS = frozenset({"0", "false", "no", "off"})
+_MAX_CACHED_APPLIES = 64
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentLayer:
+    """What the environment says about the configuration, parsed and checked.
+
+    >>> layer = read_environment({"TORCHSTEP_PROF_OVERRIDES": "schedule.steps=[2] all_ranks=true"})
+    >>> layer.apply(ProfilerConfig()).schedule.steps
+    (2,)
+    """
+
+    config_path: str | None = None
+    config: ProfilerConfig | None = None
+    overrides: tuple[Override, ...] = ()
+    sets_finish_hook: bool = False
+    # Scopes apply the same layer to the same few configs over and over.
+    _applied: dict[ProfilerConfig, ProfilerConfig] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False, hash=False
+    )
+
+    @property
+    def is_empty(self) -> bool:
+        """True when neither variable is set: ``apply`` returns its argument."""
+        return self.config is None and not self.overrides
+
+    def apply(self, cfg: ProfilerConfig) -> ProfilerConfig:
+        """The environment's word over ``cfg``: the file's config replaces it, then the overrides.
+
+        Raises ``ConfigError`` naming ``TORCHSTEP_PROF_OVERRIDES`` when an override's value does
+        not fit ``cfg`` (``finish_hook.timeout_s=5`` with no hook command anywhere, say).
+        """
+        base = cfg if self.config is None else self.config
+        if not self.overrides:
+            return base
+        cached = self._applied.get(base)
+        if cached is not None:
+            return cached
+        from .overrides import apply_overrides
+
+        try:
+            result = apply_overrides(base, self.overrides)
+        except ConfigError as exc:
+            raise _from_variable(exc, ENV_OVERRIDES) from None
+        if len(self._applied) >= _MAX_CACHED_APPLIES:
+            self._applied.clear()
+        self._applied[base] = result
+        return result
+
+
+_EMPTY = EnvironmentLayer()
+_last: tuple[tuple[Any, ...], EnvironmentLayer | ConfigError] | None = None
+
+
+def read_environment(environ: Mapping[str, str] | None = None) -> EnvironmentLayer:
+    """The environment's layer (``os.environ`` unless ``environ`` is given), cached.
+
+    Raises ``ConfigError`` naming the variable when the file or an override is bad.
+
+    >>> read_environment({}).is_empty
+    True
+    >>> read_environment({"TORCHSTEP_PROF_OVERRIDES": "finish_hook.cmd='echo hi'"}).sets_finish_hook
+    True
+    """
+    global _last
+    env = os.environ if environ is None else environ
+    path = env.get(ENV_CONFIG) or None
+    overrides_text = env.get(ENV_OVERRIDES, "").strip() or None
+    if path is None and overrides_text is None:
+        return _EMPTY
+    key = (path, _file_identity(path), overrides_text)
+    last = _last
+    if last is not None and last[0] == key:
+        result = last[1]
+    else:
+        try:
+            result = _parse(path, overrides_text)
+        except ConfigError as exc:
+            result = exc
+        _last = (key, result)  # one tuple assignment: safe to race with another thread
+    if isinstance(result, ConfigError):
+        raise ConfigError(result.problems)  # a fresh exception: no traceback piling up
+    return result
+
+
+def summary_disabled(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``TORCHSTEP_PROF_SUMMARY`` is ``0``, ``false``, ``no`` or ``off``.
+
+    >>> summary_disabled({"TORCHSTEP_PROF_SUMMARY": "Off"}), summary_disabled({})
+    (True, False)
+    """
+    env = os.environ if environ is None else environ
+    return env.get(ENV_SUMMARY, "").strip().lower() in _OFF_WORDS
+
+
+def _file_identity(path: str | None) -> tuple[int, ...] | None:
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # load_config will say why; a file that appears later changes the key
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _parse(path: str | None, overrides_text: str | None) -> EnvironmentLayer:
+    config = None
+    if path is not None:
+        from .config_files import load_config
+
+        try:
+            config = load_config(path)
+        except ConfigError as exc:
+            raise _from_variable(exc, ENV_CONFIG, path) from None
+    overrides: tuple[Override, ...] = ()
+    if overrides_text is not None:
+        overrides = _parse_overrides(overrides_text)
+    layer = EnvironmentLayer(
+        config_path=path,
+        config=config,
+        overrides=overrides,
+        sets_finish_hook=_sets_finish_hook(config, overrides),
+    )
+    if config is not None and overrides:
+        layer.apply(config)  # the result no longer depends on the code: check it now
+    return layer
+
+
+def _parse_overrides(text: str) -> tuple[Override, ...]:
+    import shlex
+
+    from .overrides import parse_overrides
+
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError([Problem("", f"{ENV_OVERRIDES}: cannot split {text!r} like a shell "
+                                       f"command line ({exc})")]) from None
+    try:
+        return parse_overrides(words)
+    except ConfigError as exc:
+        raise _from_variable(exc, ENV_OVERRIDES) from None
+
+
+def _sets_finish_hook(config: ProfilerConfig | None, overrides: tuple[Override, ...]) -> bool:
+    has_hook = config is not None and config.finish_hook is not None
+    for override in overrides:
+        if override.path[0] == "finish_hook":
+            # `finish_hook=null` removes the hook; anything else sets (part of) one.
+            has_hook = len(override.path) > 1 or override.value is not None
+    return has_hook
+
+
+def _from_variable(exc: ConfigError, variable: str, value: str | None = None) -> ConfigError:
+    """``exc`` with each line saying which variable it came from.
+
+    A problem with the whole file already names it; a key path gets ``VAR=value:`` in front.
+    """
+    keyed = f"{variable}={value}" if value is not None else variable
+    return ConfigError(
+        Problem(f"{keyed}: {p.path}", p.message) if p.path else Problem("", f"{variable}: {p.message}")
+        for p in exc.problems
+    )

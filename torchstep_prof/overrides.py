@@ -1,0 +1,173 @@
+"""``key.path=value`` overrides on top of a config, as on a command line or in the environment.
+
+Values parse as YAML scalars and flow lists (``schedule.steps=[1,3]``, ``all_ranks=true``); a
+plain string stays the string it is (``finish_hook.cmd=echo hi``). Setting a field of a ``null``
+section creates that section with its defaults. Every problem of every override is reported in
+one ``ConfigError``, and nothing is half-applied: the result is a new config or an exception.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+from typing import Any, Iterable
+
+import attrs
+
+from .config import ProfilerConfig
+from .config_files import parse_yaml
+from .converter import from_dict, schema, suggest, to_dict
+from .errors import ConfigError, Problem
+
+__all__ = ["Override", "apply_overrides", "parse_overrides"]
+
+
+@attrs.frozen(kw_only=True)
+class Override:
+    """One parsed override: where it points (``("schedule", "steps")``) and the value to set."""
+
+    text: str
+    path: tuple[str, ...]
+    value: Any
+
+    @property
+    def key(self) -> str:
+        """The dotted key path, ``schedule.steps``."""
+        return ".".join(self.path)
+
+
+def parse_overrides(overrides: Iterable[str | Override]) -> tuple[Override, ...]:
+    """Parse and check ``key=value`` strings against the schema, without any config.
+
+    Malformed strings, invalid YAML values and keys that do not exist are all reported at once.
+    The values themselves are checked when applied (a hook's ``timeout_s`` may need the code's
+    ``cmd``).
+
+    >>> [o.value for o in parse_overrides(["schedule.steps=[1,3]", "finish_hook.cmd=echo hi"])]
+    [[1, 3], 'echo hi']
+    """
+    parsed: list[Override] = []
+    problems: list[Problem] = []
+    for item in overrides:
+        if isinstance(item, Override):
+            parsed.append(item)
+            continue
+        try:
+            parsed.append(_parse_one(item))
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    return tuple(parsed)
+
+
+def apply_overrides(cfg: ProfilerConfig, overrides: Iterable[str | Override]) -> ProfilerConfig:
+    """A new config: ``cfg`` with every override applied in order (a later one wins).
+
+    >>> cfg = apply_overrides(ProfilerConfig(), ["schedule.steps=[1,3]", "all_ranks=true"])
+    >>> cfg.schedule.steps, cfg.all_ranks
+    ((1, 3), True)
+    >>> apply_overrides(ProfilerConfig(), ["schedule.wait=-1", "noequals"])
+    Traceback (most recent call last):
+    ...
+    torchstep_prof.errors.ConfigError: 2 problems in the configuration:
+      override 'noequals' has no '=' (expected key=value, e.g. schedule.steps=[1,3])
+      schedule.wait: must be >= 0 (got -1)
+    """
+    parsed: list[Override] = []
+    problems: list[Problem] = []
+    for item in overrides:
+        # The well-formed ones are still applied (to a copy), so that their value problems
+        # come out in the same error as the malformed ones.
+        try:
+            parsed += parse_overrides([item])
+        except ConfigError as exc:
+            problems += exc.problems
+    data = to_dict(cfg)
+    for override in parsed:
+        _set(data, override)
+    try:
+        result = from_dict(data, ProfilerConfig)
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    return result
+
+
+def _parse_one(text: str) -> Override:
+    if not isinstance(text, str):
+        raise ConfigError([Problem("", f"an override must be a string key=value (got {text!r})")])
+    key, equals, raw = text.partition("=")
+    key = key.strip()
+    if not equals:
+        raise ConfigError([Problem("", f"override {text!r} has no '=' (expected key=value, "
+                                       f"e.g. schedule.steps=[1,3])")])
+    if not key:
+        raise ConfigError([Problem("", f"override {text!r} has an empty key (expected key=value)")])
+    path = tuple(segment.strip() for segment in key.split("."))
+    if not all(path):
+        raise ConfigError([Problem(key, f"override {text!r} has an empty key segment "
+                                        f"(expected names joined by '.', e.g. schedule.wait)")])
+    _check_path(text, path)
+    return Override(text=text, path=path, value=_parse_value(text, path, raw))
+
+
+def _check_path(text: str, path: tuple[str, ...]) -> None:
+    """The key path must name an existing field, through sections only."""
+    cls: type | None = ProfilerConfig
+    for depth, segment in enumerate(path):
+        where = ".".join(path[: depth + 1])
+        if cls is None:
+            parent = ".".join(path[:depth])
+            raise ConfigError([Problem(where, f"override {text!r} sets a key inside {parent}, which is "
+                                              f"a value, not a section (sections: "
+                                              f"{', '.join(_section_keys())})")])
+        fields = schema(cls)
+        if segment not in fields:
+            raise ConfigError([Problem(where, f"unknown key in override {text!r} "
+                                              f"({suggest(segment, fields)})")])
+        cls = fields[segment]
+
+
+def _section_keys() -> list[str]:
+    return [k for k, section in schema(ProfilerConfig).items() if section is not None]
+
+
+def _parse_value(text: str, path: tuple[str, ...], raw: str) -> Any:
+    import yaml  # only when overrides are used: PyYAML costs more than the config model
+
+    try:
+        value = parse_yaml(raw)
+    except yaml.YAMLError as exc:
+        # Text that YAML cannot read (`@x`) is fine quoted; a broken list or quote is not text.
+        hint = "" if raw.lstrip()[:1] in ("[", "{", "'", '"') else "; to pass text, quote it: key='...'"
+        raise ConfigError([Problem(".".join(path), f"override {text!r} has a value that is not "
+                                                   f"valid YAML ({_yaml_reason(exc)}{hint})")]) from None
+    is_section = len(path) == 1 and schema(ProfilerConfig)[path[0]] is not None
+    # YAML reads `echo a: b` as a mapping and `2024-01-01` as a date; where the schema has no
+    # room for those, the user meant the text they typed.
+    if isinstance(value, _dt.date) or (isinstance(value, dict) and not is_section):  # datetime too
+        return raw.strip()
+    return value
+
+
+def _yaml_reason(exc: Exception) -> str:
+    problem = getattr(exc, "problem", None) or str(exc)
+    mark = getattr(exc, "problem_mark", None)
+    # The value is one line, so only the column is worth saying.
+    return f"{problem} at column {mark.column + 1}" if mark is not None else problem
+
+
+def _set(data: dict[str, Any], override: Override) -> None:
+    *parents, last = override.path
+    node = data
+    for segment in parents:
+        if node.get(segment) is None:
+            node[segment] = {}  # a field of a null section: create it with its defaults
+        node = node[segment]
+        if not isinstance(node, dict):
+            return  # an earlier override set the section to a non-mapping: from_dict says so
+    # A copy: a later `schedule.wait=1` must not edit the dict of an earlier `schedule={...}`,
+    # which the environment's cached layer reuses.
+    node[last] = copy.deepcopy(override.value)
