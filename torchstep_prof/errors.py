@@ -62,3 +62,15 @@ class ConfigError(TorchstepProfError, ValueError):
 
     def __reduce__(self):  # keep the problems across pickling (multiprocessing)
         return (type(self), (self.problems,))
+
+
+class TorchstepProfWarning(UserWarning):
+    """Root of every warning torchstep_prof issues (filter them all with this class)."""
+
+
+class FinishHookWarning(TorchstepProfWarning):
+    """A finish hook failed, timed out, could not start, or ran with something missing.
+
+    Hooks never raise into training: their failures are reported with this warning and
+    recorded (``tsp.records().hooks``).
+    """
