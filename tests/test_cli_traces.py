@@ -1,0 +1,278 @@
+"""The trace subcommands end to end: summarize, merge, ls, hta; bad files; exit codes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trace_factory import (
+    assert_summary_shape,
+    write_foreign,
+    write_foreign_trace,
+    write_not_json,
+    write_ranks,
+    write_trace,
+    write_truncated,
+)
+
+from torchstep_prof.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SLOW_RANK = 2
+TRUNCATED = "actor_update_step1_rank7-of-8_pid1_20260101000000000.json"
+BAD_NAMES = (TRUNCATED, "notes.json", "config.json", "engine_trace.json")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 ranks x 2 steps of one region (rank 2 sleeps in both), and four files that are not
+    usable traces: truncated, not JSON, JSON that is not a trace, a trace that is not ours."""
+    root = tmp_path_factory.mktemp("cli")
+    written = write_ranks(root, world_size=4, steps=(1, 2), slow={SLOW_RANK: 0.12})
+    write_truncated(root, written[0].path, TRUNCATED)
+    write_not_json(root, "notes.json")
+    write_foreign(root, "config.json")
+    write_foreign_trace(root, written[0].path, "engine_trace.json")
+    return root
+
+
+def _run(capsys: pytest.CaptureFixture, *argv: object) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _assert_bad_files_named(text: str) -> None:
+    for name in BAD_NAMES:
+        assert name in text, name
+
+
+# --- summarize ---------------------------------------------------------------------------------
+
+
+def test_summarize_json_flags_the_slow_rank(folder: Path, capsys) -> None:
+    code, out, err = _run(capsys, "summarize", folder, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert_summary_shape(doc)
+    assert [(g["step"], g["straggler"]) for g in doc["groups"]] == [(1, SLOW_RANK), (2, SLOW_RANK)]
+    assert sorted(Path(p).name for p in doc["unreadable"]) == sorted(BAD_NAMES)
+    _assert_bad_files_named(err)  # with the reasons, for people
+
+
+def test_summarize_table(folder: Path, capsys) -> None:
+    code, out, _ = _run(capsys, "summarize", folder, "--top", "2")
+    assert code == 0
+    # rank, wall ms, ratio to the median, the flag
+    flagged = re.findall(r"^\s*(\d+)\s+[\d.]+\s+[\d.]+ straggler", out, flags=re.MULTILINE)
+    assert flagged == [str(SLOW_RANK), str(SLOW_RANK)]  # one per step
+    assert out.count("actor/update") == 2
+    _assert_bad_files_named(out)
+
+
+def test_summarize_filters_and_ratio(folder: Path, capsys) -> None:
+    code, out, _ = _run(
+        capsys,
+        "summarize",
+        folder,
+        "--json",
+        "--rank",
+        "0",
+        "--rank",
+        "2",
+        "--role",
+        "actor",
+        "--top",
+        "0",
+        "--straggler-ratio",
+        "100",
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert [[r["rank"] for r in g["ranks"]] for g in doc["groups"]] == [[0, 2], [0, 2]]
+    assert all(g["straggler"] is None for g in doc["groups"])  # 100x the median: nobody
+    assert all(r["top_ops"] == [] for g in doc["groups"] for r in g["ranks"])
+    # The truncated file is named for rank 7: the rank filter never opens it.
+    assert TRUNCATED not in " ".join(doc["unreadable"])
+
+
+def test_summarize_exit_codes(folder: Path, tmp_path: Path, capsys) -> None:
+    assert _run(capsys, "summarize", tmp_path)[0] == 1  # empty folder
+    code, _, err = _run(capsys, "summarize", folder, "--role", "critic")
+    assert code == 1 and "matching the filters" in err
+    bad_only = tmp_path / "bad"
+    bad_only.mkdir()
+    write_not_json(bad_only, "x.json")
+    code, out, err = _run(capsys, "summarize", bad_only, "--json")
+    assert code == 1 and json.loads(out)["unreadable"] == [str(bad_only / "x.json")]
+    assert "1 file(s) skipped" in err
+    code, _, err = _run(capsys, "summarize", tmp_path / "missing")
+    assert code == 2 and "cannot read folder" in err
+    with pytest.raises(SystemExit) as exited:
+        main(["summarize", str(folder), "--straggler-ratio", "0.5"])
+    assert exited.value.code == 2
+
+
+def test_summarize_shows_a_progress_bar_on_a_terminal(
+    folder: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchstep_prof.cli import _tracedir
+
+    monkeypatch.setattr(_tracedir, "PROGRESS_MIN_FILES", 1)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    code, out, _ = _run(capsys, "summarize", folder, "--json")
+    assert code == 0 and json.loads(out)["groups"]
+
+
+def test_python_dash_m_exit_code(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    empty = subprocess.run(
+        [sys.executable, "-m", "torchstep_prof", "summarize", str(tmp_path), "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert empty.returncode == 1, empty.stderr
+    assert json.loads(empty.stdout) == {"groups": [], "unreadable": []}
+    assert "no usable trace" in empty.stderr
+
+
+# --- merge -------------------------------------------------------------------------------------
+
+
+def test_merge_command(folder: Path, tmp_path: Path, capsys) -> None:
+    out_path = tmp_path / "step1.json.gz"
+    code, out, err = _run(capsys, "merge", folder, "-o", out_path, "--step", "1")
+    assert code == 0 and "merged 4 trace(s)" in out
+    merged = json.loads(gzip.decompress(out_path.read_bytes()))
+    names = sorted(
+        e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"
+    )
+    assert names == [f"actor/update rank {r} step 1" for r in range(4)]
+    assert "notes.json" in err
+
+
+def test_merge_exit_codes(folder: Path, tmp_path: Path, capsys) -> None:
+    code, _, err = _run(capsys, "merge", folder, "-o", tmp_path / "x.json", "--step", "9")
+    assert code == 1 and not (tmp_path / "x.json").exists()
+    code, _, err = _run(capsys, "merge", folder, "-o", tmp_path / "no" / "such" / "x.json")
+    assert code == 1 and "cannot write" in err
+
+
+# --- ls ----------------------------------------------------------------------------------------
+
+
+def test_ls_lists_one_sorted_line_per_trace(folder: Path, capsys) -> None:
+    code, out, err = _run(capsys, "ls", folder)
+    assert code == 0
+    header, *lines = out.splitlines()
+    assert header.split() == ["role", "stage", "step", "rank", "world", "wall_ms", "size", "path"]
+    fields = [line.split() for line in lines]
+    assert [(f[0], f[1], int(f[2]), int(f[3]), int(f[4])) for f in fields] == [
+        ("actor", "update", step, rank, 4) for step in (1, 2) for rank in range(4)
+    ]
+    assert all(Path(f[-1]).is_file() for f in fields)
+    _assert_bad_files_named(err)
+
+
+def test_ls_json_lines(folder: Path, capsys) -> None:
+    code, out, _ = _run(capsys, "ls", folder, "--json", "--rank", "3")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [(r["step"], r["rank"]) for r in rows] == [(1, 3), (2, 3)]
+    assert all(r["wall_ms"] > 0 and r["size"] > 0 for r in rows)
+
+
+# --- hta ---------------------------------------------------------------------------------------
+
+
+def _hta_args(folder: Path, out: Path, step: int = 1) -> list:
+    return ["hta", folder, "--role", "actor", "--stage", "update", "--step", step, "-o", out]
+
+
+def test_hta_links_one_trace_per_rank(folder: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "hta"
+    code, stdout, err = _run(capsys, *_hta_args(folder, out))
+    assert code == 0
+    entries = sorted(out.iterdir())
+    assert len(entries) == 4 and all(e.is_symlink() for e in entries)
+    assert [e.name for e in entries] == sorted(p.name for p in folder.glob("*_step1_rank[0-3]-*"))
+    assert all(e.resolve().parent == folder.resolve() for e in entries)
+    assert [line.split(":")[0] for line in stdout.splitlines()] == [f"rank {r}" for r in range(4)]
+    assert "notes.json" in err
+
+
+def test_hta_copies_and_refuses_a_folder_holding_traces(
+    folder: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "hta"
+    assert _run(capsys, *_hta_args(folder, out), "--copy")[0] == 0
+    assert all(e.is_file() and not e.is_symlink() for e in out.iterdir())
+    code, _, err = _run(capsys, *_hta_args(folder, out, step=2))
+    assert code == 2 and "--force" in err
+    assert _run(capsys, *_hta_args(folder, out, step=2), "--force")[0] == 0
+    assert all("_step2_" in e.name for e in out.iterdir()) and len(list(out.iterdir())) == 4
+    code, _, err = _run(capsys, *_hta_args(folder, folder))
+    assert code == 2 and "must differ" in err
+
+
+def test_hta_keeps_the_newest_of_two_traces_of_a_rank(tmp_path: Path, capsys) -> None:
+    source = tmp_path / "traces"
+    older = write_trace(source, rank=1, world_size=2)
+    newer = write_trace(source, rank=1, world_size=2)
+    write_trace(source, rank=0, world_size=2)
+    code, out, _ = _run(capsys, *_hta_args(source, tmp_path / "hta"))
+    assert code == 0
+    assert f"rank 1: 2 traces; keeping the newest, {newer.path}" in out
+    assert str(older.path) in out  # named as ignored
+    assert sorted(p.name for p in (tmp_path / "hta").iterdir()) == sorted(
+        [newer.path.name, next(source.glob("*rank0-*")).name]
+    )
+
+
+def test_hta_writes_the_rank_hta_reads(tmp_path: Path, capsys) -> None:
+    """A trace with no rank in its text would be rank 0 to HTA: it is copied with
+    ``distributedInfo`` first, and one missing rank is warned about."""
+    source = tmp_path / "traces"
+    for rank in (0, 1, 3):
+        write_trace(source, rank=rank, world_size=4, metadata=False, distributed_info=False)
+    code, out, err = _run(capsys, *_hta_args(source, tmp_path / "hta"))
+    assert code == 0 and "rank(s) 2 of 4" in err
+    assert out.count("distributedInfo.rank set to") == 3
+    for entry in sorted((tmp_path / "hta").iterdir()):
+        text = entry.read_text()
+        match = re.search(r'"rank":\s+(\d+)', text)  # what HTA searches for, first match wins
+        expected = re.search(r"_rank(\d+)-of-", entry.name)[1]
+        assert (match[1] if match else "0") == expected
+        assert json.loads(text)["traceEvents"]
+
+
+def test_hta_loads_the_folder(folder: Path, tmp_path: Path, capsys) -> None:
+    hta = pytest.importorskip(
+        "hta.trace_analysis",
+        reason="HolisticTraceAnalysis is not installed (pip install HolisticTraceAnalysis)",
+    )
+    out = tmp_path / "hta"
+    assert _run(capsys, *_hta_args(folder, out))[0] == 0
+    analyzer = hta.TraceAnalysis(trace_dir=str(out))
+    assert sorted(analyzer.t.traces) == [0, 1, 2, 3]
+
+
+def test_hta_exit_code_without_a_match(folder: Path, tmp_path: Path, capsys) -> None:
+    code, _, err = _run(capsys, *_hta_args(folder, tmp_path / "hta", step=5))
+    assert code == 1 and "no usable trace matching the filters" in err
+    assert not (tmp_path / "hta").exists()
+
+
+def test_hta_links_are_absolute(folder: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(folder.parent)
+    out = tmp_path / "hta"
+    assert _run(capsys, *_hta_args(Path(folder.name), out))[0] == 0
+    assert all(os.path.isabs(os.readlink(e)) and e.resolve().is_file() for e in out.iterdir())

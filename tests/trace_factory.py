@@ -1,0 +1,208 @@
+"""Real torch.profiler traces shaped like the ones torchstep_prof writes, for tests.
+
+``write_trace`` records a few torch ops, and a ``time.sleep`` that sets the wall time, inside a
+``ProfilerStep#<n>`` range and a ``<role>/<stage>`` range (made with torch's fast range marker,
+as the engine makes it), adds the ``torchstep_prof`` and ``distributedInfo`` metadata, and exports
+a Chrome trace under a name built by ``naming.build_trace_name``. The ``write_*`` helpers at the
+end make the bad files a folder may also hold.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip as _gzip
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # before the first profiler use in the process
+
+import attrs  # noqa: E402
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+from torchstep_prof.naming import TraceName, build_trace_name, sanitize_label, with_part  # noqa: E402
+
+try:  # the engine marks regions with torch's fast range (cat cpu_op in the trace): do the same
+    from torch._C._profiler import _RecordFunctionFast as _region_range
+except ImportError:  # pragma: no cover
+    _region_range = record_function
+
+
+@attrs.frozen(kw_only=True)
+class WrittenTrace:
+    """A trace the factory wrote, and when its ``ProfilerStep`` range started (epoch ns)."""
+
+    path: Path
+    role: str
+    stage: str
+    step: int
+    rank: int
+    world_size: int
+    sleep_s: float
+    started_ns: int
+
+
+def write_trace(
+    directory: str | os.PathLike[str],
+    *,
+    role: str = "actor",
+    stage: str = "update",
+    step: int = 1,
+    rank: int = 0,
+    world_size: int = 1,
+    sleep_s: float = 0.005,
+    gzip: bool = False,
+    metadata: bool = True,
+    distributed_info: bool = True,
+    file_name: str | None = None,
+    discrete: bool = True,
+) -> WrittenTrace:
+    """Record and export one trace into ``directory``; returns where and when.
+
+    ``metadata=False`` leaves out the ``torchstep_prof`` key (an older file: only its name
+    describes it), ``distributed_info=False`` leaves out ``distributedInfo``; ``file_name``
+    replaces the built name.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    x = torch.randn(64, 64)
+    prof = profile(activities=[ProfilerActivity.CPU])
+    prof.start()
+    try:
+        started = time.time()
+        started_ns = time.time_ns()
+        with record_function(f"ProfilerStep#{step}"):
+            with _region_range(f"{role}/{stage}"):
+                y = torch.relu(x @ x).sum()
+                time.sleep(sleep_s)
+                (x + y).mul_(0.5)
+        labels = {"role": sanitize_label(role), "stage": sanitize_label(stage)}
+        if metadata:
+            meta = dict(labels, step=step, rank=rank, world_size=world_size, discrete=discrete)
+            prof.add_metadata_json("torchstep_prof", json.dumps(meta))
+        if distributed_info:
+            prof.add_metadata_json(
+                "distributedInfo", json.dumps({"rank": rank, "world_size": world_size})
+            )
+    finally:
+        prof.stop()
+    if file_name is None:
+        name = TraceName(
+            role=role,
+            stage=stage,
+            step=step,
+            rank=rank,
+            world_size=world_size,
+            pid=os.getpid(),
+            timestamp=dt.datetime.fromtimestamp(started, dt.timezone.utc),
+            gzip=gzip,
+        )
+        file_name = build_trace_name(name)
+        part = 0
+        while (directory / with_part(file_name, part)).exists():
+            part += 1
+        file_name = with_part(file_name, part)
+    path = directory / file_name
+    prof.export_chrome_trace(str(path))  # torch gzips itself when the name ends with .gz
+    return WrittenTrace(
+        path=path,
+        role=labels["role"],
+        stage=labels["stage"],
+        step=step,
+        rank=rank,
+        world_size=world_size,
+        sleep_s=sleep_s,
+        started_ns=started_ns,
+    )
+
+
+def write_ranks(
+    directory: str | os.PathLike[str],
+    *,
+    world_size: int = 4,
+    steps: tuple[int, ...] = (1,),
+    sleep_s: float = 0.005,
+    slow: dict[int, float] | None = None,
+    **kwargs: Any,
+) -> list[WrittenTrace]:
+    """One trace per rank and step, as a ``world_size``-rank run would leave them; ``slow`` maps a
+    rank to the sleep it takes instead of ``sleep_s``."""
+    slow = slow or {}
+    return [
+        write_trace(
+            directory,
+            step=step,
+            rank=rank,
+            world_size=world_size,
+            sleep_s=slow.get(rank, sleep_s),
+            **kwargs,
+        )
+        for step in steps
+        for rank in range(world_size)
+    ]
+
+
+def write_truncated(directory: str | os.PathLike[str], source: Path, name: str) -> Path:
+    """A copy of the real trace ``source`` cut in half (a crash mid-write)."""
+    data = _read(source)
+    path = Path(directory) / name
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def write_not_json(directory: str | os.PathLike[str], name: str) -> Path:
+    path = Path(directory) / name
+    path.write_text("this is a log line, not JSON\n")
+    return path
+
+
+def write_foreign(directory: str | os.PathLike[str], name: str) -> Path:
+    """Valid JSON that is not a Chrome trace (a config file, say)."""
+    path = Path(directory) / name
+    path.write_text(json.dumps({"model": "llama", "layers": 32}))
+    return path
+
+
+def write_foreign_trace(directory: str | os.PathLike[str], source: Path, name: str) -> Path:
+    """A Chrome trace that is not torchstep_prof's: no metadata, and a name that is not ours."""
+    trace = json.loads(_read(source))
+    trace.pop("torchstep_prof", None)
+    path = Path(directory) / name
+    path.write_text(json.dumps(trace))
+    return path
+
+
+def _read(path: Path) -> bytes:
+    data = path.read_bytes()
+    return _gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
+def assert_summary_shape(doc: Any) -> None:
+    """Fail unless ``doc`` has the shape SPEC.md documents for ``summarize --json``."""
+    assert isinstance(doc, dict) and {"groups", "unreadable"} <= doc.keys(), doc
+    assert isinstance(doc["unreadable"], list)
+    assert all(isinstance(path, str) for path in doc["unreadable"])
+    assert isinstance(doc["groups"], list)
+    for group in doc["groups"]:
+        assert isinstance(group["role"], str) and isinstance(group["stage"], str)
+        assert _is_int(group["step"])
+        assert _is_number(group["median_ms"])
+        assert group["straggler"] is None or _is_int(group["straggler"])
+        assert isinstance(group["ranks"], list) and group["ranks"]
+        for rank in group["ranks"]:
+            assert _is_int(rank["rank"]) and _is_number(rank["wall_ms"])
+            assert isinstance(rank["file"], str)
+            assert isinstance(rank["top_ops"], list)
+            for op in rank["top_ops"]:
+                assert isinstance(op["name"], str) and _is_number(op["self_ms"])
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

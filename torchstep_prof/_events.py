@@ -1,0 +1,122 @@
+"""Reading the events of a Chrome trace: the region's wall time, operators by self time."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator, Sequence, Tuple
+
+import attrs
+
+__all__ = ["OP_CATEGORIES", "OpTime", "is_operator", "iter_events", "region_time", "top_ops"]
+
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+OP_CATEGORIES = frozenset(
+    {"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"}
+)
+"""Event categories counted as operators by :func:`top_ops` (not ranges nor Python frames)."""
+
+
+def is_operator(name: str, cat: str) -> bool:
+    """Whether an event counts in :func:`top_ops`.
+
+    Region ranges (``<role>/<stage>``) are recorded with torch's fast range marker, which torch
+    files under ``cpu_op`` like a real operator; they are told apart by their name: a ``/`` and
+    no ``::`` (every ATen, c10d or autograd operator has a namespace).
+    """
+    return cat in OP_CATEGORIES and not (cat == "cpu_op" and "/" in name and "::" not in name)
+
+
+@attrs.frozen(kw_only=True)
+class OpTime:
+    """An operator's total self time in one trace, in milliseconds."""
+
+    name: str
+    self_ms: float
+
+
+def region_time(events: list[Any], step: int) -> tuple[float, float | None]:
+    """(wall ms, start µs relative to the base time) of the ``ProfilerStep#<step>`` range, else
+    of every complete event together (torch's own profiler-span rows aside)."""
+    chosen = None
+    for event in events:
+        if not isinstance(event, dict) or event.get("ph") != "X":
+            continue
+        match = _PROFILER_STEP.match(str(event.get("name", "")))
+        if match and _number(event.get("dur")) is not None and _number(event.get("ts")) is not None:
+            if chosen is None or int(match[1]) == step:
+                chosen = event
+                if int(match[1]) == step:
+                    break
+    if chosen is not None:
+        return chosen["dur"] / 1000.0, chosen["ts"]
+    first = last = None
+    for event in events:
+        if not isinstance(event, dict) or event.get("cat") == "Trace":
+            continue
+        ts = _number(event.get("ts"))
+        if ts is None or event.get("ph") == "M":
+            continue
+        end = ts + (_number(event.get("dur")) or 0.0)
+        first = ts if first is None else min(first, ts)
+        last = end if last is None else max(last, end)
+    if first is None or last is None:
+        return 0.0, None
+    return (last - first) / 1000.0, first
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def top_ops(trace: dict[str, Any], n: int) -> Tuple[OpTime, ...]:
+    """The ``n`` operators with the most self time in ``trace``, summed over calls.
+
+    An event's self time is its duration minus the durations of the events directly nested in
+    it on the same pid/tid. Only operator-like events count (``cpu_op``, GPU kernels, memcpy /
+    memset, CUDA runtime calls): not ranges (``user_annotation``, region ranges) nor Python
+    frames.
+    """
+    if n <= 0:
+        return ()
+    threads: dict[tuple[str, str], list[tuple[float, float, str, str]]] = {}
+    for event in iter_events(trace):
+        if event.get("ph") != "X":
+            continue
+        ts, dur = _number(event.get("ts")), _number(event.get("dur"))
+        if ts is None or dur is None:
+            continue
+        key = (repr(event.get("pid")), repr(event.get("tid")))
+        threads.setdefault(key, []).append(
+            (ts, dur, str(event.get("name", "")), str(event.get("cat", "")))
+        )
+    totals: dict[str, float] = {}
+    for rows in threads.values():
+        # Parents before children: earlier start first, and the longer of two that start together.
+        rows.sort(key=lambda row: (row[0], -row[1]))
+        for (name, cat), self_us in zip(((r[2], r[3]) for r in rows), _self_times(rows)):
+            if is_operator(name, cat):
+                totals[name] = totals.get(name, 0.0) + self_us
+    ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:n]
+    return tuple(OpTime(name=name, self_ms=us / 1000.0) for name, us in ranked)
+
+
+def _self_times(rows: Sequence[tuple[float, float, str, str]]) -> list[float]:
+    self_us = [dur for _, dur, _, _ in rows]
+    stack: list[tuple[int, float]] = []  # (index, end) of the open ancestors
+    for i, (ts, dur, _, _) in enumerate(rows):
+        while stack and stack[-1][1] <= ts:
+            stack.pop()
+        if stack:
+            self_us[stack[-1][0]] -= dur
+        stack.append((i, ts + dur))
+    return [max(0.0, us) for us in self_us]
+
+
+def iter_events(trace: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The trace's events that are JSON objects (anything else in ``traceEvents`` is skipped)."""
+    for event in trace.get("traceEvents") or ():
+        if isinstance(event, dict):
+            yield event

@@ -1,0 +1,92 @@
+"""What the trace subcommands share: the folder argument, the filters, scanning with a progress
+bar, and reporting the files that were skipped."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import Callable, Iterator, Sequence, TextIO
+
+from ..tracefiles import TraceFilter, TraceInfo, Unreadable, find_trace_files, scan_traces
+
+PROG = "torchstep-prof"
+
+EXIT_OK = 0
+EXIT_NO_TRACE = 1  # nothing usable found: an empty folder, only bad files, or filters match none
+EXIT_FAILED = 1  # an output that could not be written
+EXIT_USAGE = 2  # as argparse: a bad argument, a folder that cannot be listed
+
+PROGRESS_MIN_FILES = 50
+"""A progress bar shows (on a terminal) when a folder holds at least this many trace files."""
+
+
+def add_folder_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", metavar="DIR", help="folder of trace files (save_path)")
+    parser.add_argument(
+        "-r", "--recursive", action="store_true", help="also read the traces in DIR's subfolders"
+    )
+
+
+def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--role``, ``--stage``, ``--step``, ``--rank``; each may be given several times."""
+    group = parser.add_argument_group("filters (each may be repeated; a trace passes any value)")
+    group.add_argument("--role", action="append", default=[], metavar="ROLE")
+    group.add_argument("--stage", action="append", default=[], metavar="STAGE")
+    group.add_argument("--step", action="append", default=[], type=int, metavar="N")
+    group.add_argument("--rank", action="append", default=[], type=int, metavar="R")
+
+
+def filters_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> TraceFilter:
+    try:
+        return TraceFilter(roles=args.role, stages=args.stage, steps=args.step, ranks=args.rank)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # parser.error exits; this keeps type checkers informed
+
+
+def error(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
+
+
+def scan_folder(
+    args: argparse.Namespace, filters: TraceFilter, *, top: int = 0
+) -> tuple[list[TraceInfo], list[Unreadable]] | int:
+    """Scan ``args.directory``; returns the exit code instead when the folder cannot be listed."""
+    try:
+        paths = find_trace_files(args.directory, recursive=args.recursive)
+    except OSError as exc:
+        error(f"cannot read folder {args.directory}: {exc.strerror or exc}")
+        return EXIT_USAGE
+    with _progress(len(paths)) as progress:
+        return scan_traces(paths, filters, top=top, progress=progress)
+
+
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Callable[[int, int], None] | None]:
+    if total < PROGRESS_MIN_FILES or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("reading traces", total=total)
+        yield lambda done, _total: bar.update(task, completed=done)
+
+
+def report_unreadable(unreadable: Sequence[Unreadable], stream: TextIO | None = None) -> None:
+    """One line per skipped file, naming it and saying why."""
+    stream = stream or sys.stderr
+    for item in unreadable:
+        print(f"skipped {item.path}: {item.reason}", file=stream)
+
+
+def nothing_found(args: argparse.Namespace, filters: TraceFilter, unreadable: Sequence) -> int:
+    """Say why there is nothing to show; returns the exit code."""
+    what = "no usable trace"
+    if filters != TraceFilter():
+        what += " matching the filters"
+    extra = f" ({len(unreadable)} file(s) skipped)" if unreadable else ""
+    error(f"{what} in {args.directory}{extra}")
+    return EXIT_NO_TRACE

@@ -1,0 +1,52 @@
+"""``torchstep-prof merge DIR -o OUT``: the selected traces as one Chrome trace, one process
+track per file, aligned on wall-clock time."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import _tracedir
+
+HELP = "merge the traces in DIR into one Chrome trace, one track per file, on one timeline"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "merge",
+        help=HELP,
+        description=HELP + ". Tracks are named '<role>/<stage> rank <r> step <n>'.",
+    )
+    _tracedir.add_folder_argument(parser)
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT",
+        help="the merged trace (.json, or .json.gz to compress it)",
+    )
+    _tracedir.add_filter_arguments(parser)
+    parser.set_defaults(func=lambda args: run(parser, args))
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ..merge import merge_traces
+    from ..tracefiles import TraceReadError
+
+    filters = _tracedir.filters_from_args(parser, args)
+    scanned = _tracedir.scan_folder(args, filters)
+    if isinstance(scanned, int):
+        return scanned
+    infos, unreadable = scanned
+    _tracedir.report_unreadable(unreadable)
+    if not infos:
+        return _tracedir.nothing_found(args, filters, unreadable)
+    try:
+        result = merge_traces(infos, args.output)
+    except TraceReadError as exc:  # changed since it was scanned
+        _tracedir.error(f"merge failed: {exc}")
+        return _tracedir.EXIT_FAILED
+    except OSError as exc:
+        _tracedir.error(f"cannot write {args.output}: {exc.strerror or exc}")
+        return _tracedir.EXIT_FAILED
+    print(f"merged {len(result.tracks)} trace(s), {result.events} events, into {result.path}")
+    return _tracedir.EXIT_OK

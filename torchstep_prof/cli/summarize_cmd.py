@@ -1,0 +1,74 @@
+"""``torchstep-prof summarize DIR``: wall time per rank of each region and step, stragglers
+flagged, top operators by self time; ``--json`` for machines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import _tracedir
+
+HELP = "table of the traces in DIR by role/stage/step: wall time per rank, stragglers, top ops"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..summarize import DEFAULT_STRAGGLER_RATIO
+
+    parser = subparsers.add_parser("summarize", help=HELP, description=HELP + ".")
+    _tracedir.add_folder_argument(parser)
+    _tracedir.add_filter_arguments(parser)
+    parser.add_argument(
+        "--top",
+        type=_non_negative,
+        default=5,
+        metavar="N",
+        help="operators to list by self time (default 5; 0 reads faster)",
+    )
+    parser.add_argument(
+        "--straggler-ratio",
+        type=_ratio,
+        default=DEFAULT_STRAGGLER_RATIO,
+        metavar="X",
+        help="a rank over X times its group's median (and 5 ms over it) is a straggler "
+        f"(default {DEFAULT_STRAGGLER_RATIO})",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=lambda args: run(parser, args))
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not value >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {text})")
+    return value
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..summarize import default_title, render_summary, summarize, summary_to_dict
+
+    filters = _tracedir.filters_from_args(parser, args)
+    scanned = _tracedir.scan_folder(args, filters, top=args.top)
+    if isinstance(scanned, int):
+        return scanned
+    infos, unreadable = scanned
+    summary = summarize(infos, unreadable, straggler_ratio=args.straggler_ratio, top=args.top)
+    if args.json:
+        json.dump(summary_to_dict(summary), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        _tracedir.report_unreadable(unreadable)
+    else:
+        console = Console()
+        render_summary(summary, console, title=default_title(args.directory, summary))
+    if not infos:
+        return _tracedir.nothing_found(args, filters, unreadable)
+    return _tracedir.EXIT_OK

@@ -1,0 +1,202 @@
+"""Merging traces: every input file becomes one process track of a single Chrome trace.
+
+Tracks are named ``<role>/<stage> rank <r> step <n>`` and sorted by step, role, stage and rank,
+so all ranks of a region sit side by side on one timeline. Inputs are aligned on wall-clock time:
+an event's ``ts`` is relative to its own file's ``baseTimeNanoseconds``, so each file is shifted
+by the difference between its base and the earliest one, which becomes the output's base.
+
+Every pid of an input (torch writes string pids such as ``"Spans"``, ``"Traces"`` and ``""`` next
+to the process id) maps to its track's pid, and the inputs' own process metadata is replaced, so
+tracks never mix. Thread ids stay as they were within a track. Flow and async ids are made unique
+per input so arrows still join the events they joined before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import secrets
+from typing import IO, Any, Iterable, Iterator
+
+import attrs
+
+from .tracefiles import TraceInfo, TraceReadError, iter_events, load_trace, read_trace_info
+
+__all__ = ["MergeResult", "MergedTrack", "merge_traces", "track_label"]
+
+# Process-level metadata of the inputs; the merge writes its own per track.
+_PROCESS_METADATA = frozenset({"process_name", "process_labels", "process_sort_index"})
+_ID_KEYS = ("id", "bind_id")
+
+
+@attrs.frozen(kw_only=True)
+class MergedTrack:
+    """One input of a merge: its file, the pid of its track, and the track's name."""
+
+    path: str
+    pid: int
+    label: str
+
+
+@attrs.frozen(kw_only=True)
+class MergeResult:
+    """What :func:`merge_traces` wrote."""
+
+    path: str
+    base_time_ns: int
+    tracks: tuple[MergedTrack, ...]
+    events: int
+
+
+def track_label(info: TraceInfo) -> str:
+    """The name of an input's track: ``<role>/<stage> rank <r> step <n>``."""
+    return f"{info.role}/{info.stage} rank {info.rank} step {info.step}"
+
+
+def merge_traces(
+    traces: Iterable[TraceInfo | str | os.PathLike[str]], out_path: str | os.PathLike[str]
+) -> MergeResult:
+    """Write one Chrome trace holding every trace in ``traces``, each as its own process track.
+
+    ``traces`` are :class:`~torchstep_prof.tracefiles.TraceInfo` records (from ``scan_traces``)
+    or paths. The output is gzipped when ``out_path`` ends with ``.gz``, and appears complete or
+    not at all. Inputs are read one at a time. Raises :class:`TraceReadError` when an input is
+    not a usable trace and ``ValueError`` when there is nothing to merge.
+
+    >>> infos, _ = scan_traces("outputs/profile", TraceFilter(steps=[3]))  # doctest: +SKIP
+    >>> merge_traces(infos, "step3.json.gz").tracks[0].label                 # doctest: +SKIP
+    'actor/update rank 0 step 3'
+    """
+    infos = [t if isinstance(t, TraceInfo) else read_trace_info(t) for t in traces]
+    if not infos:
+        raise ValueError("no trace to merge")
+    infos.sort(key=lambda i: (i.step, i.role, i.stage, i.rank, i.path))
+    # A trace without a base time comes from a torch that wrote epoch microseconds directly.
+    base_ns = min(info.base_time_ns or 0 for info in infos)
+    tracks = tuple(
+        MergedTrack(path=info.path, pid=index + 1, label=track_label(info))
+        for index, info in enumerate(infos)
+    )
+    out_path = os.fspath(out_path)
+    header = {
+        "schemaVersion": 1,
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": base_ns,
+        "torchstep_prof_merge": {
+            "inputs": [
+                {"file": t.path, "pid": t.pid, "track": t.label, "rank": i.rank, "step": i.step}
+                for t, i in zip(tracks, infos)
+            ]
+        },
+    }
+    written = 0
+    with _atomic_output(out_path) as out:
+        out.write(_dumps(header)[:-1] + b',"traceEvents":[')
+        id_offset = 0
+        device_properties: Any = None
+        for index, (info, track) in enumerate(zip(infos, tracks)):
+            trace = load_trace(info.path)
+            if "traceEvents" not in trace:
+                raise TraceReadError(f"{info.path}: not a Chrome trace (no traceEvents list)")
+            shift_us = ((info.base_time_ns or 0) - base_ns) / 1000.0
+            events, max_id = _track_events(trace, track, index, shift_us, id_offset)
+            id_offset = max_id + 1
+            if device_properties is None and trace.get("deviceProperties"):
+                device_properties = trace["deviceProperties"]
+            del trace
+            if events:
+                out.write((b"," if written else b"") + _dumps(events)[1:-1])
+                written += len(events)
+            del events
+        out.write(b"]")
+        if device_properties is not None:
+            out.write(b',"deviceProperties":' + _dumps(device_properties))
+        out.write(b"}")
+    return MergeResult(path=out_path, base_time_ns=base_ns, tracks=tracks, events=written)
+
+
+def _track_events(
+    trace: dict[str, Any], track: MergedTrack, index: int, shift_us: float, id_offset: int
+) -> tuple[list[dict[str, Any]], int]:
+    """The events of one input, moved onto its track; returns them and the largest id used."""
+    pid = track.pid
+    events: list[dict[str, Any]] = [
+        _metadata("process_name", pid, {"name": track.label}),
+        _metadata("process_labels", pid, {"labels": os.path.basename(track.path)}),
+        _metadata("process_sort_index", pid, {"sort_index": index}),
+    ]
+    # Thread ids are kept, unless two of the input's processes share one (two GPUs' stream 7).
+    tid_owner: dict[Any, Any] = {}
+    max_id = id_offset - 1
+    for event in iter_events(trace):
+        if event.get("ph") == "M" and event.get("name") in _PROCESS_METADATA:
+            continue
+        event = dict(event)
+        old_pid = event.get("pid")
+        event["pid"] = pid
+        if "tid" in event:
+            tid = event["tid"]
+            owner = tid_owner.setdefault(_hashable(tid), old_pid)
+            if owner != old_pid:
+                event["tid"] = f"{old_pid}/{tid}"
+        ts = event.get("ts")
+        if isinstance(ts, (int, float)) and not isinstance(ts, bool) and shift_us:
+            event["ts"] = ts + shift_us
+        for key in _ID_KEYS:
+            if key in event:
+                event[key], max_id = _unique_id(event[key], index, id_offset, max_id)
+        if event.get("ph") in ("i", "I") and event.get("s") == "g":
+            event["s"] = "p"  # a global instant would cross every track of the merge
+        events.append(event)
+    return events, max_id
+
+
+def _metadata(name: str, pid: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {"ph": "M", "name": name, "pid": pid, "tid": 0, "ts": 0, "args": args}
+
+
+def _hashable(value: Any) -> Any:
+    return value if isinstance(value, (int, str, float)) else repr(value)
+
+
+def _unique_id(value: Any, index: int, offset: int, max_id: int) -> tuple[Any, int]:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value + offset, max(max_id, value + offset)
+    return f"{index}:{value}", max_id
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        import orjson
+    except ImportError:
+        orjson = None
+    if orjson is not None:
+        try:
+            return orjson.dumps(value)
+        except TypeError:
+            pass  # an integer past 64 bits, say: json writes anything JSON can hold
+    import json
+
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+@contextlib.contextmanager
+def _atomic_output(path: str) -> Iterator[IO[bytes]]:
+    """A binary file written under a temporary name beside ``path`` and renamed over it on
+    success (gzip-compressed when ``path`` ends with ``.gz``); removed on failure."""
+    folder, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # os.open with 0o666 lets the umask decide the mode, as for any file the user creates.
+    raw = os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb")
+    try:
+        with raw:
+            if path.endswith(".gz"):
+                with gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6) as zipped:
+                    yield zipped
+            else:
+                yield raw
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,323 @@
+"""Reading trace files back: load one, describe it, scan a folder of them.
+
+A torchstep_prof trace is a torch.profiler Chrome trace whose top level also carries a
+``torchstep_prof`` object (role, stage, step, rank, world_size, discrete) and ``distributedInfo``.
+Older or renamed files fall back to the file name (:func:`~torchstep_prof.naming.parse_trace_name`)
+and then to ``distributedInfo`` for the rank. Scanning reads one file at a time, so memory stays
+bounded by the largest file, and reports files it cannot use instead of raising.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from typing import Any, Callable, Iterable, Optional, Tuple
+
+import attrs
+
+from ._events import OpTime, iter_events, region_time, top_ops
+from .errors import TorchstepProfError
+from .naming import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
+
+__all__ = [
+    "OpTime",
+    "TraceFilter",
+    "TraceInfo",
+    "TraceReadError",
+    "Unreadable",
+    "find_trace_files",
+    "iter_events",
+    "load_trace",
+    "read_trace_info",
+    "scan_traces",
+    "started_at",
+    "top_ops",
+    "trace_sort_key",
+]
+
+METADATA_KEY = "torchstep_prof"
+"""The top-level key of a trace holding torchstep_prof's own description of it."""
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class TraceReadError(TorchstepProfError):
+    """A file that cannot be used as a trace; the message says which file and why."""
+
+
+@attrs.frozen(kw_only=True)
+class TraceInfo:
+    """What one trace file is: who wrote it, for which region and step, and how long it took.
+
+    ``role`` and ``stage`` are the sanitized labels of file names. ``wall_ms`` is the duration of
+    the trace's ``ProfilerStep#<n>`` range (the owning block), or the span of its events when it
+    has none. ``start_ns`` is that range's start in epoch nanoseconds when the trace has a base
+    time. ``top_ops`` is filled only when asked for (``scan_traces(..., top=n)``).
+    """
+
+    path: str
+    role: str
+    stage: str
+    step: int
+    rank: int
+    world_size: int
+    wall_ms: float
+    base_time_ns: Optional[int]
+    size_bytes: int
+    start_ns: Optional[int] = None
+    has_distributed_info: bool = True
+    top_ops: Tuple[OpTime, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class Unreadable:
+    """A file found while scanning that is not a usable trace, and why."""
+
+    path: str
+    reason: str
+
+
+def _labels(what: str) -> Callable[[Iterable[str]], Tuple[str, ...]]:
+    def convert(values: Iterable[str]) -> Tuple[str, ...]:
+        return tuple(sanitize_label(value, what) for value in values)
+
+    return convert
+
+
+@attrs.frozen(kw_only=True)
+class TraceFilter:
+    """Which traces to keep; an empty field keeps everything.
+
+    Roles and stages are kept as sanitized labels, so ``compute_log_prob`` selects the
+    ``compute-log-prob`` files (a label with nothing left after sanitizing is a ``ValueError``).
+    """
+
+    roles: Tuple[str, ...] = attrs.field(default=(), converter=_labels("role"))
+    stages: Tuple[str, ...] = attrs.field(default=(), converter=_labels("stage"))
+    steps: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    ranks: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
+
+    def matches(self, trace: TraceInfo | TraceName) -> bool:
+        """Whether ``trace`` (a scanned trace or a parsed file name) passes every field."""
+        return (
+            (not self.roles or trace.role in self.roles)
+            and (not self.stages or trace.stage in self.stages)
+            and (not self.steps or trace.step in self.steps)
+            and (not self.ranks or trace.rank in self.ranks)
+        )
+
+
+def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The parsed JSON object of a ``.json`` or gzipped trace file.
+
+    Uses orjson when it is installed. Raises :class:`TraceReadError` naming the file when it
+    cannot be read, is not (gzipped) JSON, or is not a JSON object.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+        if data[:2] == _GZIP_MAGIC:
+            data = gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise TraceReadError(f"{path}: cannot read ({exc})") from exc
+    try:
+        trace = _loads(data)
+    except ValueError as exc:  # json.JSONDecodeError, orjson.JSONDecodeError, UnicodeDecodeError
+        raise TraceReadError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(trace, dict):
+        raise TraceReadError(f"{path}: not a Chrome trace (top level is not a JSON object)")
+    return trace
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        import orjson
+    except ImportError:
+        orjson = None
+    if orjson is not None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # json also accepts NaN / Infinity, which orjson rejects: let it decide
+    import json
+
+    return json.loads(data)
+
+
+def read_trace_info(
+    path: str | os.PathLike[str], trace: dict[str, Any] | None = None, *, top: int = 0
+) -> TraceInfo:
+    """Describe the trace at ``path`` (loading it unless ``trace`` is given).
+
+    Fields come from the ``torchstep_prof`` metadata, else the file name, else (rank and world
+    size) ``distributedInfo``. Raises :class:`TraceReadError` for a file that is not a trace, or
+    a trace that says nothing of its role, stage and step.
+    """
+    path = os.fspath(path)
+    if trace is None:
+        trace = load_trace(path)
+    events = trace.get("traceEvents")
+    if not isinstance(events, list):
+        raise TraceReadError(f"{path}: not a Chrome trace (no traceEvents list)")
+    fields = _identity(path, trace)
+    base = trace.get("baseTimeNanoseconds")
+    base_ns = int(base) if isinstance(base, (int, float)) and not isinstance(base, bool) else None
+    wall_ms, start_us = region_time(events, fields["step"])
+    dist = trace.get("distributedInfo")
+    return TraceInfo(
+        path=path,
+        **fields,
+        wall_ms=wall_ms,
+        base_time_ns=base_ns,
+        size_bytes=_size(path),
+        start_ns=None if base_ns is None or start_us is None else base_ns + round(start_us * 1000),
+        has_distributed_info=isinstance(dist, dict) and _int(dist.get("rank")) is not None,
+        top_ops=top_ops(trace, top) if top > 0 else (),
+    )
+
+
+def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
+    meta = trace.get(METADATA_KEY)
+    meta = meta if isinstance(meta, dict) else {}
+    try:
+        name: TraceName | None = parse_trace_name(path)
+    except ValueError:
+        name = None
+    dist = trace.get("distributedInfo")
+    dist = dist if isinstance(dist, dict) else {}
+
+    def pick(key: str, name_value: Any, dist_key: str | None = None) -> Any:
+        value = meta.get(key)
+        if key in ("role", "stage"):
+            value = _label(value)
+        else:
+            value = _int(value)
+        if value is None:
+            value = name_value
+        if value is None and dist_key is not None:
+            value = _int(dist.get(dist_key))
+        return value
+
+    fields = {
+        "role": pick("role", name and name.role),
+        "stage": pick("stage", name and name.stage),
+        "step": pick("step", name and name.step),
+        "rank": pick("rank", name and name.rank, "rank"),
+        "world_size": pick("world_size", name and name.world_size, "world_size"),
+    }
+    missing = [key for key in ("role", "stage", "step") if fields[key] is None]
+    if missing:
+        raise TraceReadError(
+            f"{path}: a Chrome trace, but not a torchstep_prof one (no {METADATA_KEY!r} "
+            f"metadata and not a trace file name: {', '.join(missing)} unknown)"
+        )
+    if fields["rank"] is None:
+        fields["rank"] = 0
+    if fields["world_size"] is None:
+        fields["world_size"] = 1
+    return fields
+
+
+def _label(value: Any) -> str | None:
+    """A label as file names write it (metadata written by hand may hold the raw one)."""
+    try:
+        return sanitize_label(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def find_trace_files(directory: str | os.PathLike[str], *, recursive: bool = False) -> list[str]:
+    """The ``.json`` / ``.json.gz`` files in ``directory`` (its subfolders too when
+    ``recursive``), sorted by path. Raises ``OSError`` when the folder cannot be listed."""
+    directory = os.fspath(directory)
+    found: list[str] = []
+    if recursive:
+        for root, dirs, files in os.walk(directory):
+            dirs.sort()
+            found.extend(os.path.join(root, f) for f in files if f.endswith(TRACE_SUFFIXES))
+    else:
+        with os.scandir(directory) as entries:
+            found.extend(e.path for e in entries if e.name.endswith(TRACE_SUFFIXES) and e.is_file())
+    return sorted(found)
+
+
+def scan_traces(
+    directory: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    filters: TraceFilter | None = None,
+    *,
+    top: int = 0,
+    recursive: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[TraceInfo], list[Unreadable]]:
+    """Describe every trace in a folder (or a list of files) that passes ``filters``.
+
+    Returns ``(infos, unreadable)``: the traces sorted by role, stage, step, rank and path, and
+    the files that are not usable traces (corrupt, not JSON, not a torchstep_prof trace) with
+    the reason. Files whose names parse and fail the filters are not even opened. One file is in
+    memory at a time. ``progress(done, total)`` is called after each file.
+    """
+    filters = filters or TraceFilter()
+    if isinstance(directory, (str, os.PathLike)):
+        paths = find_trace_files(directory, recursive=recursive)
+    else:
+        paths = [os.fspath(p) for p in directory]
+    infos: list[TraceInfo] = []
+    unreadable: list[Unreadable] = []
+    for done, path in enumerate(paths, 1):
+        if _wanted_by_name(path, filters):
+            try:
+                info = read_trace_info(path, top=top)
+            except TraceReadError as exc:
+                unreadable.append(Unreadable(path=path, reason=_reason(exc, path)))
+            else:
+                if filters.matches(info):
+                    infos.append(info)
+        if progress is not None:
+            progress(done, len(paths))
+    infos.sort(key=trace_sort_key)
+    return infos, unreadable
+
+
+def _wanted_by_name(path: str, filters: TraceFilter) -> bool:
+    try:
+        return filters.matches(parse_trace_name(path))
+    except ValueError:
+        return True  # not a trace name: the metadata inside decides
+
+
+def _reason(exc: Exception, path: str) -> str:
+    text = str(exc)
+    return text[len(path) + 2 :] if text.startswith(f"{path}: ") else text
+
+
+def trace_sort_key(info: TraceInfo) -> tuple[str, str, int, int, str]:
+    """Sort order of listings: role, stage, step, rank, then path."""
+    return (info.role, info.stage, info.step, info.rank, info.path)
+
+
+def started_at(info: TraceInfo) -> float:
+    """When the trace's region started, in epoch seconds: from the trace's own clock when it has
+    one, else the file name's timestamp, else the file's modification time."""
+    if info.start_ns is not None:
+        return info.start_ns / 1e9
+    try:
+        return parse_trace_name(info.path).timestamp.timestamp()
+    except ValueError:
+        pass
+    try:
+        return os.stat(info.path).st_mtime
+    except OSError:
+        return 0.0
