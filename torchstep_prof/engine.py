@@ -73,8 +73,8 @@ class Engine:
         self.writer = TraceWriter()
         self.forked = False
         self.warmed = False
-        self._counters: dict[tuple[str, str], Iterator[int]] = {}
-        self._profiled_steps: set[int] = set()
+        self.counters: dict[tuple[str, str], Iterator[int]] = {}
+        self._selected_steps_seen: set[int] = set()
         self._atexit_registered = False
         self._warned: set[str] = set()
         self.summary_wanted = True  # the ``summary`` field of the last config that profiled
@@ -82,32 +82,42 @@ class Engine:
     # --- regions and steps -------------------------------------------------------------------
 
     def enter_region(self, frame: Frame, role: str, stage: str, step: Optional[int]) -> Any:
-        """The slow path of a region under a frame that may profile; returns an object whose
+        """A region's entry under a frame that may profile; returns an object whose
         ``__exit__`` must be called when the region exits, or None when there is nothing to do."""
-        if self.forked:
+        if frame.idle or self.forked:  # idle: the root frame, resolved on first use
             return None
-        if frame.idle:  # the root frame, resolved on first use
-            return None
-        if step is None:
-            current = CURRENT_STEP.get(None)
-            step = current.number if current is not None else self._count(role, stage)
+        current = CURRENT_STEP.get(None)
         session = self.session
         if session is not None:
+            if step is None and current is None:
+                self.count(role, stage)  # counters count every entry under a schedule
             if session.fused:
                 session.add_role(role)
             return open_range(range_name(role, stage))
-        action = frame.action(step)
+        if step is not None:
+            action = self.decide(frame, step)
+        elif current is None:
+            step = self.count(role, stage)
+            action = self.decide(frame, step)
+        else:
+            step = current.number
+            # The step block decided for its frame; a scope entered inside it decides anew.
+            action = current.action if current.frame is frame else self.decide(frame, step)
         if action is StepAction.NONE:
             return None
         sanitize_label(role, "role"), sanitize_label(stage, "stage")
         return self._start(frame, role, stage, step, action)
 
-    def enter_step(self, frame: Frame, number: int) -> Any:
-        """A fused ``step`` block's entry: start the trace it owns when its step is selected."""
+    def decide(self, frame: Frame, step: int) -> StepAction:
+        """The action for ``step`` under ``frame`` on this rank; remembers selected steps."""
+        action = frame.action(step)
+        if action is not StepAction.NONE:
+            self._selected_steps_seen.add(step)
+        return action
+
+    def enter_step(self, frame: Frame, number: int, action: StepAction) -> Any:
+        """A fused ``step`` block's entry: start the trace it owns (its step is selected)."""
         if self.forked or self.session is not None:
-            return None
-        action = frame.action(number)
-        if action is StepAction.NONE:
             return None
         return self._start(frame, None, None, number, action)
 
@@ -120,10 +130,11 @@ class Engine:
         if last is not None and number >= last:
             self.finish(scope)
 
-    def _count(self, role: str, stage: str) -> int:
-        counter = self._counters.get((role, stage))
+    def count(self, role: str, stage: str) -> int:
+        """The next number of the per-process counter of (role, stage), from 1."""
+        counter = self.counters.get((role, stage))
         if counter is None:
-            counter = self._counters.setdefault((role, stage), itertools.count(1))
+            counter = self.counters.setdefault((role, stage), itertools.count(1))
         return next(counter)
 
     # --- the profiler window -----------------------------------------------------------------
@@ -184,7 +195,6 @@ class Engine:
                 )
             )
             return None
-        self._profiled_steps.add(step)
         return _OwnedTrace(self, session)
 
     def stop_session(self, session: TraceSession) -> None:
@@ -248,7 +258,7 @@ class Engine:
         ):
             last = last_selected_step(schedule)
             if last is not None:
-                missed = set(selected_steps(schedule, last)) - self._profiled_steps
+                missed = set(selected_steps(schedule, last)) - self._selected_steps_seen
                 if missed:
                     STORE.add_missed_steps(frozenset(missed))
 

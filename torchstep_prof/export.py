@@ -1,15 +1,18 @@
 """Writing a stopped session's trace: complete files or none, never an overwrite.
 
-torch writes the JSON into a scratch folder inside ``save_path`` (same file system, so the final
-step is a rename); the file is checked (torch only logs when it cannot write), then given its
-name without ever replacing an existing file (``_part<i>`` on a clash). With ``gzip=True`` the
-compression runs on one background thread; :meth:`TraceWriter.flush` waits for it.
+torch writes the JSON under a hidden temporary name inside ``save_path``, unique to the process
+and the write (same folder, so the final step is a link or rename; no shared scratch folder that
+another thread or rank could remove mid-write); the file is checked (torch only logs when it
+cannot write), then given its name without ever replacing an existing file (``_part<i>`` on a
+clash). With ``gzip=True`` the compression runs on one background thread;
+:meth:`TraceWriter.flush` waits for it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import gzip
+import itertools
 import os
 import shutil
 import threading
@@ -25,7 +28,7 @@ from .session import TraceSession
 
 __all__ = ["TraceWriter", "TraceWriteWarning"]
 
-SCRATCH_DIR = ".torchstep_prof-partial"
+TEMP_PREFIX = ".torchstep_prof-partial-"
 _GZIP_LEVEL = 6  # level 9 (torch's choice) costs ~2x the time for ~5% smaller files
 
 
@@ -46,6 +49,7 @@ class TraceWriter:
         self._pending: list[concurrent.futures.Future[None]] = []
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._reported: set[tuple[str, str]] = set()
+        self._writes = itertools.count(1)
 
     # --- public -------------------------------------------------------------------------------
 
@@ -55,10 +59,11 @@ class TraceWriter:
         t0 = time.perf_counter()
         name = self._name_for(session)
         record = self._record_for(session, name)
-        scratch = os.path.join(session.config.save_path, SCRATCH_DIR)
-        raw_path = os.path.join(scratch, build_trace_name(attrs.evolve(name, gzip=False)))
+        folder = session.config.save_path
+        temp = f"{TEMP_PREFIX}{os.getpid()}-{next(self._writes)}-{build_trace_name(attrs.evolve(name, gzip=False))}"
+        raw_path = os.path.join(folder, temp + ".partial")
         try:
-            self._export(session, scratch, raw_path)
+            self._export(session, folder, raw_path)
             if not name.gzip:
                 path = self._claim(raw_path, session.config.save_path, name)
                 self._finish(record, path, time.perf_counter() - t0, on_written)
@@ -119,11 +124,11 @@ class TraceWriter:
         )
 
     @staticmethod
-    def _export(session: TraceSession, scratch: str, raw_path: str) -> None:
+    def _export(session: TraceSession, folder: str, raw_path: str) -> None:
         try:
-            os.makedirs(scratch, exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
         except OSError as exc:
-            raise _ExportFailed(f"cannot create {scratch!r}: {exc.strerror or exc}") from None
+            raise _ExportFailed(f"cannot create {folder!r}: {exc.strerror or exc}") from None
         prof = session.profile
         if prof is None:
             raise _ExportFailed("no profiler output to export")
@@ -181,7 +186,6 @@ class TraceWriter:
                     raise _ExportFailed(f"cannot name the trace {target!r}: {exc.strerror or exc}") from None
                 return target
             _remove(source)
-            _remove_if_empty(os.path.dirname(source))
             return target
 
     def _finish(self, record: TraceRecord, path: str, export_s: float, on_written: Callable[[TraceRecord], None]) -> None:
@@ -193,12 +197,11 @@ class TraceWriter:
     def _fail(self, record: TraceRecord, error: str, t0: float, *leftovers: str, export_s: float = 0.0) -> None:
         for path in leftovers:
             _remove(path)
-        if leftovers:
-            _remove_if_empty(os.path.dirname(leftovers[0]))
         final = attrs.evolve(record, error=error, export_s=export_s + time.perf_counter() - t0)
         STORE.add_costs(export_s=final.export_s)
         STORE.add_trace(final)
-        key = (os.path.dirname(os.path.dirname(leftovers[0])) if leftovers else "", error.split(":")[0])
+        # The kind of failure, without the (per-file) path quoted in it: one warning per kind.
+        key = (os.path.dirname(leftovers[0]) if leftovers else "", error.split("'")[0])
         with self._lock:
             first = key not in self._reported
             self._reported.add(key)
@@ -236,9 +239,3 @@ def _remove(path: str) -> None:
     except OSError:
         pass
 
-
-def _remove_if_empty(folder: str) -> None:
-    try:
-        os.rmdir(folder)
-    except OSError:
-        pass

@@ -11,17 +11,57 @@ import functools
 import inspect
 from typing import Any, Callable, Optional, TypeVar
 
-from .engine import CURRENT_STEP, ENGINE
+from .engine import _RANGE_NAMES, CURRENT_STEP, ENGINE, range_name
+from .session import new_range
 from .naming import sanitize_label
-from .scopes import _STACK, _ROOT, current_frame
+from .scopes import _ROOT, _STACK, current_frame
+from .selection import StepAction
 
 __all__ = ["profile_region", "profiled", "step"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+_NONE = StepAction.NONE
 
 
-class profile_region:
-    """Mark a region of a training step as ``<role>/<stage>``.
+class _IdleRegion:
+    """What ``profile_region`` returns when nothing can be profiled: a shared no-op."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _IdleRegion:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        return None
+
+
+_IDLE_REGION = _IdleRegion()
+
+
+class _Region:
+    __slots__ = ("role", "stage", "step", "_active")
+
+    def __init__(self, role: str, stage: str, step: Optional[int]) -> None:
+        self.role = role
+        self.stage = stage
+        self.step = step
+        self._active: Any = None
+
+    def __enter__(self) -> _Region:
+        if self._active is not None:
+            raise RuntimeError(f"profile_region({self.role!r}, {self.stage!r}) is already entered; make a new one")
+        self._active = ENGINE.enter_region(current_frame(), self.role, self.stage, self.step)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        active = self._active
+        if active is not None:
+            self._active = None
+            active.__exit__(exc_type, exc, tb)
+
+
+def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
+    """Mark a region of a training step as ``<role>/<stage>``; use it in a ``with``.
 
     On a selected step and rank the outermost region starts the profiler and writes its own
     trace (discrete mode); regions inside a running trace appear in it as ranges.
@@ -33,31 +73,45 @@ class profile_region:
 
     ``step`` overrides the enclosing ``step(n)`` block; without either, a per-process counter
     per (role, stage) numbers the entries made while a schedule is in force, from 1.
-    A region object is entered once at a time; make a new one for each ``with``.
+
+    The configuration is read as the region is made, which in ``with profile_region(...)`` is
+    as it is entered. With no schedule in force (or profiling disabled) this returns a shared
+    no-op at once: the cost of leaving regions in production code.
     """
-
-    __slots__ = ("role", "stage", "step", "_active")
-
-    def __init__(self, role: str, stage: str, *, step: Optional[int] = None) -> None:
-        self.role = role
-        self.stage = stage
-        self.step = step
-        self._active: Any = None
-
-    def __enter__(self) -> profile_region:
-        frame = _STACK.get(_ROOT)
+    # The hot path: each branch does the least it can. Not profiling: one context-variable read
+    # and two attributes. Inside a running trace: the range object itself, entered by the
+    # caller's `with` (torch's C methods, no Python frame of ours around it).
+    frame = _STACK.get(_ROOT)
+    session = ENGINE.session
+    if session is not None:
+        # Any thread or task: while a trace records, a region is a range in it.
+        if frame.disabled:
+            return _IDLE_REGION
+        if step is None and CURRENT_STEP.get(None) is None:
+            ENGINE.count(role, stage)  # counters count every entry under a schedule
+        if session.fused:
+            session.add_role(role)
+        return new_range(_RANGE_NAMES.get((role, stage)) or range_name(role, stage))
+    if frame.idle:
+        return _IDLE_REGION
+    if frame is _ROOT:  # first region outside every scope: read the environment once
+        frame = current_frame()
         if frame.idle:
-            return self
-        if frame is _ROOT:
-            frame = current_frame()
-        self._active = ENGINE.enter_region(frame, self.role, self.stage, self.step)
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        active = self._active
-        if active is not None:
-            self._active = None
-            active.__exit__(exc_type, exc, tb)
+            return _IDLE_REGION
+    if step is None:
+        current = CURRENT_STEP.get(None)
+        if current is not None:
+            if current.skip_frame is frame:
+                return _IDLE_REGION  # the step block decided: not this step, or not this rank
+        else:
+            counter = ENGINE.counters.get((role, stage))
+            step = next(counter) if counter is not None else ENGINE.count(role, stage)
+            explicit = frame.explicit_steps
+            if (explicit is not None and step not in explicit) or frame.action(step) is _NONE:
+                return _IDLE_REGION
+    elif frame.action(step) is _NONE:
+        return _IDLE_REGION
+    return _Region(role, stage, step)
 
 
 class step:
@@ -73,7 +127,7 @@ class step:
     ...         pass
     """
 
-    __slots__ = ("number", "_token", "_frame", "_owned")
+    __slots__ = ("number", "frame", "action", "skip_frame", "_token", "_owned")
 
     def __init__(self, number: int) -> None:
         if not isinstance(number, int) or isinstance(number, bool) or number < 1:
@@ -82,11 +136,14 @@ class step:
 
     def __enter__(self) -> step:
         frame = current_frame()
-        self._frame = frame
+        self.frame = frame
         self._owned = None
+        # Decided once per step: regions inside read it instead of re-deciding.
+        self.action = _NONE if frame.idle else ENGINE.decide(frame, self.number)
+        self.skip_frame = frame if self.action is _NONE else None
         self._token = CURRENT_STEP.set(self)
-        if not frame.idle and not frame.config.discrete:
-            self._owned = ENGINE.enter_step(frame, self.number)
+        if self.action is not _NONE and not frame.config.discrete:
+            self._owned = ENGINE.enter_step(frame, self.number, self.action)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -96,8 +153,8 @@ class step:
         finally:
             self._owned = None
             CURRENT_STEP.reset(self._token)
-            if not self._frame.idle:
-                ENGINE.step_exited(self._frame, self.number)
+            if not self.frame.idle:
+                ENGINE.step_exited(self.frame, self.number)
 
 
 def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:
@@ -137,6 +194,8 @@ def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
+            if ENGINE.session is None and _STACK.get(_ROOT).idle:  # not profiling: just the call
+                return fn(*args, **kwargs)
             with profile_region(role, label):
                 return fn(*args, **kwargs)
 

@@ -23,7 +23,7 @@ import attrs
 from .config import FinishHookConfig, ProfilerConfig, ScheduleConfig
 from .errors import ConfigError, Problem
 from .selection import StepAction, rank_selected, step_action
-from .topology import current_topology
+from .topology import current_topology, default_group
 
 __all__ = [
     "configure",
@@ -76,27 +76,36 @@ class HookScope:
 class Frame:
     """One entry of the scope stack (kept small: regions read ``idle`` on every entry)."""
 
-    __slots__ = ("config", "idle", "hook_scope", "_rank_cache")
+    __slots__ = ("config", "idle", "disabled", "hook_scope", "explicit_steps", "_rank_cache")
 
     def __init__(self, config: ProfilerConfig, hook_scope: Optional[HookScope]) -> None:
         self.config = config
+        self.disabled = not config.enable
         # Nothing can be profiled under this frame: regions return at once.
-        self.idle = (not config.enable) or config.schedule is None
+        self.idle = self.disabled or config.schedule is None
         self.hook_scope = hook_scope
+        schedule = config.schedule
+        self.explicit_steps = frozenset(schedule.steps) if schedule and schedule.steps is not None else None
         self._rank_cache: Optional[tuple[Any, bool]] = None
 
     def rank_selected(self) -> bool:
-        topology = current_topology()
+        # Keyed on the process group: a rank changes only when torch.distributed initializes.
+        group = default_group()
         cache = self._rank_cache
-        if cache is not None and cache[0] is topology:
+        if cache is not None and cache[0] is group:
             return cache[1]
+        topology = current_topology()
         selected = rank_selected(self.config.ranks, self.config.all_ranks, topology.rank)
-        self._rank_cache = (topology, selected)
+        self._rank_cache = (group, selected)
         return selected
 
     def action(self, step: int) -> StepAction:
         """What to do for ``step`` on this rank under this frame."""
-        action = step_action(self.config.schedule, step)
+        explicit = self.explicit_steps
+        if explicit is not None:  # the common case, kept to one set lookup
+            action = StepAction.RECORD if step in explicit else StepAction.NONE
+        else:
+            action = step_action(self.config.schedule, step)
         if action is StepAction.NONE or not self.rank_selected():
             return StepAction.NONE
         return action
@@ -112,15 +121,12 @@ class _RootFrame(Frame):
     __slots__ = ()
 
     def __init__(self) -> None:
-        self.config = ProfilerConfig()
+        Frame.__init__(self, ProfilerConfig(), None)
         self.idle = False  # unknown until resolved: send the first region down the slow path
-        self.hook_scope = None
-        self._rank_cache = None
 
     def resolve(self) -> Frame:
         resolved = _frame_for(ProfilerConfig(), parent=None, sets_hook=False)
-        self.config, self.hook_scope = resolved.config, resolved.hook_scope
-        self.idle = resolved.idle
+        Frame.__init__(self, resolved.config, resolved.hook_scope)
         return self
 
 
@@ -252,13 +258,13 @@ def schedule(
     >>> with tsp.schedule(wait=1, warmup=1, active=2, repeat=0):  # 3,4 then 7,8 then ...
     ...     pass
     """
-    return _pushed(
-        {
-            "schedule": ScheduleConfig(
-                steps=steps, skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat
-            )
-        }
-    )
+    try:
+        config = ScheduleConfig(
+            steps=steps, skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat
+        )
+    except ConfigError as exc:  # name the key as the config file would: schedule.wait
+        raise exc.under("schedule") from None
+    return _pushed({"schedule": config})
 
 
 def ranks(*ranks: Union[int, Sequence[int]], all_ranks: bool = False) -> contextlib.AbstractContextManager[ProfilerConfig]:
@@ -304,15 +310,18 @@ def on_finish(
     >>> with tsp.schedule(steps=[1]), tsp.on_finish('ls "$TORCHSTEP_PROF_SAVE_PATH"'):
     ...     pass
     """
-    hook = FinishHookConfig(
-        cmd=list(cmd) if not isinstance(cmd, str) else cmd,
-        ranks=ranks,
-        all_ranks=all_ranks,
-        per_node=per_node,
-        node_wait_s=node_wait_s,
-        timeout_s=timeout_s,
-        relocate=relocate,
-    )
+    try:
+        hook = FinishHookConfig(
+            cmd=list(cmd) if not isinstance(cmd, str) else cmd,
+            ranks=ranks,
+            all_ranks=all_ranks,
+            per_node=per_node,
+            node_wait_s=node_wait_s,
+            timeout_s=timeout_s,
+            relocate=relocate,
+        )
+    except ConfigError as exc:  # finish_hook.timeout_s, as the config file names it
+        raise exc.under("finish_hook") from None
     return _pushed({"finish_hook": hook})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 from typing import Optional, Sequence
 
 from .config import ScheduleConfig
@@ -68,8 +69,26 @@ def last_selected_step(schedule: Optional[ScheduleConfig]) -> Optional[int]:
 
 
 def selected_steps(schedule: Optional[ScheduleConfig], upto: int) -> list[int]:
-    """The steps in ``1..upto`` that ``schedule`` records."""
-    return [n for n in range(1, upto + 1) if step_action(schedule, n) is StepAction.RECORD]
+    """The steps in ``1..upto`` that ``schedule`` records, in order.
+
+    >>> selected_steps(ScheduleConfig(wait=1, active=2, repeat=0), 9)
+    [2, 3, 5, 6, 8, 9]
+    """
+    if schedule is None:
+        return []
+    if schedule.steps is not None:
+        return sorted(n for n in schedule.steps if n <= upto)
+    cycle = schedule.wait + schedule.warmup + schedule.active
+    first_active = schedule.skip_first + schedule.wait + schedule.warmup + 1
+    found: list[int] = []
+    for cycle_index in itertools.count():
+        if schedule.repeat and cycle_index >= schedule.repeat:
+            break
+        start = first_active + cycle_index * cycle
+        if start > upto:
+            break
+        found.extend(range(start, min(start + schedule.active, upto + 1)))
+    return found
 
 
 def rank_selected(ranks: Sequence[int], all_ranks: bool, rank: int) -> bool:

@@ -34,9 +34,14 @@ except ImportError:  # pragma: no cover - depends on the torch build
     _FastRange = None
 
 
+new_range: Any = _FastRange if _FastRange is not None else record_function
+"""``new_range(name)``: a range for the running trace, as a context manager not yet entered."""
+
+
 def open_range(name: str) -> Any:
-    """An entered range named ``name`` in the running trace; call ``__exit__`` to close it."""
-    marker = _FastRange(name) if _FastRange is not None else record_function(name)
+    """An entered range named ``name``; call its ``__exit__`` to close it."""
+    marker = new_range(name)
+    # Entered by hand: its exit belongs to a region's own __exit__, not to a `with` here.
     marker.__enter__()
     return marker
 
@@ -68,7 +73,9 @@ def profiler_kwargs(contents: tuple[str, ...]) -> dict[str, Any]:
         "with_flops": "flops" in contents,
         "with_modules": "modules" in contents,
     }
-    experimental = _all_threads_config()
+    # torch 2.13 records no [memory] events under profile_all_threads: with "memory", memory
+    # wins, and ranges of regions in other threads go unrecorded in such traces.
+    experimental = None if kwargs["profile_memory"] else _all_threads_config()
     if experimental is not None:
         kwargs["experimental_config"] = experimental
     return kwargs
@@ -120,6 +127,8 @@ class TraceSession:
 
     def add_role(self, role: str) -> None:
         if role not in self.roles:
+            # A bad label is the region's ValueError at entry, not a lost trace at stop.
+            sanitize_label(role, "role")
             self.roles.append(role)
 
     @property

@@ -33,6 +33,10 @@ def _short_path(path: str) -> str:
     return relative if len(relative) < len(path) else path
 
 
+def _display(path: str, folder: str | None) -> str:
+    return os.path.basename(path) if folder is not None else _short_path(path)
+
+
 def render_summary(data: ProfilingRecords) -> Table:
     """The summary of ``data`` as one rich ``Table`` (traces as rows; hooks, costs and missed
     steps in its caption)."""
@@ -44,9 +48,13 @@ def render_summary(data: ProfilingRecords) -> Table:
         rank_label = f" rank {first.rank} of {first.world_size}"
     elif data.hooks:
         rank_label = f" rank {data.hooks[0].rank}"
-    written = sum(1 for t in data.traces if t.ok)
+    written = [t.path for t in data.traces if t.path]
+    folders = {os.path.dirname(p) for p in written}
+    # All in one folder (the usual case): name it once in the title, keep the rows short.
+    folder = folders.pop() if len(folders) == 1 else None
+    where = f" to {_short_path(folder) or '.'}" if folder is not None else ""
     table = Table(
-        title=f"torchstep_prof{rank_label} (pid {os.getpid()}): {written} trace(s) written",
+        title=f"torchstep_prof{rank_label} (pid {os.getpid()}): {len(written)} trace(s) written{where}",
         title_justify="left",
         caption_justify="left",
         expand=False,
@@ -66,7 +74,7 @@ def render_summary(data: ProfilingRecords) -> Table:
             str(trace.rank),
             f"{trace.wall_s * 1000:.1f}",
             _size(trace.size_bytes) if trace.ok else "-",
-            _short_path(trace.path) if trace.path else f"NOT WRITTEN: {trace.error}",
+            _display(trace.path, folder) if trace.path else f"NOT WRITTEN: {trace.error}",
         )
     lines = []
     for hook in data.hooks:

@@ -37,18 +37,25 @@ def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
         return default
 
 
-def _default_group() -> Any:
-    # Look torch.distributed up without importing it: a process that never imported it has no
-    # process group, and the lookup must stay cheap on the region path.
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist.group.WORLD
+_GROUP_MEMBER: Any = None  # torch.distributed.GroupMember, once torch.distributed is imported
+
+
+def default_group() -> Any:
+    # Looked up without importing torch.distributed (a process that never imported it has no
+    # process group), and cheaply: this runs on the region path.
+    global _GROUP_MEMBER
+    group_member = _GROUP_MEMBER
+    if group_member is None:
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available():
+            return None
+        group_member = _GROUP_MEMBER = dist.GroupMember
+    return group_member.WORLD
 
 
 def distributed_initialized() -> bool:
     """Whether a default ``torch.distributed`` process group exists (never imports it)."""
-    return _default_group() is not None
+    return default_group() is not None
 
 
 def _resolve(group: Any, environ: Mapping[str, str]) -> Topology:
@@ -66,9 +73,9 @@ def _resolve(group: Any, environ: Mapping[str, str]) -> Topology:
     )
 
 
-# (process group it was computed for, pid, topology). The environment of a process does not
-# change its rank, so only a new process group (or a fork) invalidates the cache.
-_cached: Optional[tuple[Any, int, Topology]] = None
+# (process group it was computed for, topology). The environment of a process does not change
+# its rank, so only a new process group (or a fork: see the hook below) invalidates the cache.
+_cached: Optional[tuple[Any, Topology]] = None
 
 
 def current_topology() -> Topology:
@@ -78,12 +85,12 @@ def current_topology() -> Topology:
     True
     """
     global _cached
-    group = _default_group()
+    group = default_group()
     cached = _cached
-    if cached is not None and cached[0] is group and cached[1] == os.getpid():
-        return cached[2]
+    if cached is not None and cached[0] is group:
+        return cached[1]
     topology = _resolve(group, os.environ)
-    _cached = (group, os.getpid(), topology)
+    _cached = (group, topology)
     return topology
 
 
@@ -91,3 +98,7 @@ def forget_topology() -> None:
     """Drop the cached answer (tests that change ``RANK`` in-process)."""
     global _cached
     _cached = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=forget_topology)
