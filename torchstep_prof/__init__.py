@@ -6,47 +6,93 @@
 ...         with tsp.step(n):
 ...             with tsp.profile_region("actor", "compute_log_prob"):
 ...                 ...
+
+The public names are loaded on first use (PEP 562), so ``torchstep-prof ls`` and friends never
+pay for ``import torch``; training code, which imports torch anyway, sees no difference.
 """
 
 from __future__ import annotations
 
+import importlib
 import os as _os
+from typing import TYPE_CHECKING, Any
 
 # Kineto prints USDT lines on stderr for every profiler window unless this is set before the
 # first profiler use in the process (setting it later has no effect). Users can still override.
 _os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
-from .config import CONTENT_NAMES, FinishHookConfig, ProfilerConfig, ScheduleConfig  # noqa: E402
-from .errors import ConfigError, TorchstepProfError  # noqa: E402
-from .naming import TraceName, build_trace_name, parse_trace_name  # noqa: E402
-from .records import HookRecord, ProfilingCosts, ProfilingRecords, TraceRecord, records  # noqa: E402
-from .regions import profile_region, profiled, step  # noqa: E402
-from .scopes import configure, contents, effective_config, on_finish, ranks, schedule  # noqa: E402
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "CONTENT_NAMES",
-    "ConfigError",
-    "FinishHookConfig",
-    "HookRecord",
-    "ProfilerConfig",
-    "ProfilingCosts",
-    "ProfilingRecords",
-    "ScheduleConfig",
-    "TorchstepProfError",
-    "TraceName",
-    "TraceRecord",
-    "build_trace_name",
-    "configure",
-    "contents",
-    "effective_config",
-    "on_finish",
-    "parse_trace_name",
-    "profile_region",
-    "profiled",
-    "ranks",
-    "records",
-    "schedule",
-    "step",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "CONTENT_NAMES": "config",
+    "ConfigError": "errors",
+    "FinishHookConfig": "config",
+    "FinishHookWarning": "errors",
+    "ForeignProfilerWarning": "errors",
+    "HookRecord": "record_store",
+    "ProfilerConfig": "config",
+    "ProfilerStartWarning": "errors",
+    "ProfilingCosts": "record_store",
+    "ProfilingRecords": "record_store",
+    "ScheduleConfig": "config",
+    "TorchstepProfError": "errors",
+    "TorchstepProfWarning": "errors",
+    "TraceName": "naming",
+    "TraceRecord": "record_store",
+    "TraceWriteWarning": "errors",
+    "apply_overrides": "overrides",
+    "build_trace_name": "naming",
+    "configure": "scopes",
+    "contents": "scopes",
+    "dump_config": "config_files",
+    "effective_config": "scopes",
+    "from_dict": "converter",
+    "load_config": "config_files",
+    "on_finish": "scopes",
+    "parse_trace_name": "naming",
+    "print_summary": "summary",
+    "profile_region": "regions",
+    "profiled": "regions",
+    "ranks": "scopes",
+    "records": "record_store",
+    "schedule": "scopes",
+    "step": "regions",
+    "to_dict": "converter",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'torchstep_prof' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
+    globals()[name] = value  # later lookups are plain module attributes: no cost on the hot path
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from .config import CONTENT_NAMES, FinishHookConfig, ProfilerConfig, ScheduleConfig
+    from .config_files import dump_config, load_config
+    from .converter import from_dict, to_dict
+    from .errors import (
+        ConfigError,
+        FinishHookWarning,
+        ForeignProfilerWarning,
+        ProfilerStartWarning,
+        TorchstepProfError,
+        TorchstepProfWarning,
+        TraceWriteWarning,
+    )
+    from .naming import TraceName, build_trace_name, parse_trace_name
+    from .overrides import apply_overrides
+    from .record_store import HookRecord, ProfilingCosts, ProfilingRecords, TraceRecord, records
+    from .regions import profile_region, profiled, step
+    from .scopes import configure, contents, effective_config, on_finish, ranks, schedule
+    from .summary import print_summary

@@ -20,23 +20,16 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning
 from .naming import range_label, sanitize_label
-from .records import STORE, TraceRecord
+from .record_store import STORE, TraceRecord
 from .scopes import Frame, HookScope, env_hook_scope
 from .selection import StepAction, last_selected_step, selected_steps
 from .session import TraceSession, open_range
 from .topology import current_topology
 from .export import TraceWriter
 
-__all__ = ["ENGINE", "CURRENT_STEP", "ProfilerStartWarning"]
-
-
-class ProfilerStartWarning(UserWarning):
-    """torch's profiler could not start; the block ran unprofiled."""
-
-
-class ForeignProfilerWarning(UserWarning):
-    """Another torch profiler was already running; regions became ranges in its trace."""
+__all__ = ["CURRENT_STEP", "ENGINE", "ForeignProfilerWarning", "ProfilerStartWarning"]
 
 
 # The innermost ``step(n)`` block of this thread / task (an object with a ``number``).
@@ -217,7 +210,7 @@ class Engine:
 
                 self.writer.write(session, on_written)
         except Exception as exc:  # never let profiling replace the user's exception or result
-            self._warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", UserWarning)
+            self._warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", TorchstepProfWarning)
 
     def warm_up(self) -> None:
         """Pay torch.profiler's one-time start-up cost (~1 s: it imports torch._inductor) now,

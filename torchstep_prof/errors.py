@@ -74,3 +74,16 @@ class FinishHookWarning(TorchstepProfWarning):
     Hooks never raise into training: their failures are reported with this warning and
     recorded (``tsp.records().hooks``).
     """
+
+
+class ProfilerStartWarning(TorchstepProfWarning):
+    """torch's profiler could not start; the block ran once, unprofiled."""
+
+
+class ForeignProfilerWarning(TorchstepProfWarning):
+    """Another torch profiler was already running; regions became ranges in its trace."""
+
+
+class TraceWriteWarning(TorchstepProfWarning):
+    """A trace could not be written (unwritable folder, full disk, failed export); training goes
+    on and the failure is recorded (``tsp.records().traces``)."""

@@ -22,18 +22,15 @@ from typing import Callable, Optional
 
 import attrs
 
+from .errors import TraceWriteWarning
 from .naming import TraceName, build_trace_name
-from .records import STORE, TraceRecord
+from .record_store import STORE, TraceRecord
 from .session import TraceSession
 
 __all__ = ["TraceWriter", "TraceWriteWarning"]
 
 TEMP_PREFIX = ".torchstep_prof-partial-"
 _GZIP_LEVEL = 6  # level 9 (torch's choice) costs ~2x the time for ~5% smaller files
-
-
-class TraceWriteWarning(UserWarning):
-    """A trace could not be written; training goes on and the failure is recorded."""
 
 
 class _ExportFailed(Exception):

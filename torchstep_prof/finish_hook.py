@@ -26,7 +26,7 @@ import attrs
 from .config import FinishHookConfig
 from .errors import FinishHookWarning
 from .naming import sanitize_label
-from .records import HOOK_FAILED, HOOK_NOT_STARTED, HOOK_OK, HOOK_TIMEOUT, STORE, HookRecord
+from .record_store import HOOK_FAILED, HOOK_NOT_STARTED, HOOK_OK, HOOK_TIMEOUT, STORE, HookRecord
 from .relocate import relocate_traces
 
 __all__ = [

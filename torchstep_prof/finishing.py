@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from .records import STORE
+from .record_store import STORE
 from .scopes import HookScope
 from .selection import rank_selected
 from .topology import Topology, current_topology

@@ -1,5 +1,5 @@
 """The table printed at interpreter exit: the traces this process wrote, its hook runs, and what
-profiling cost. Rows come from :func:`torchstep_prof.records`; rendering takes a ``Console`` so
+profiling cost. Rows come from :func:`torchstep_prof.record_store`; rendering takes a ``Console`` so
 tests can pass a fixed-width one writing to a buffer."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from .records import ProfilingRecords, records
+from .record_store import ProfilingRecords, records
 
 if TYPE_CHECKING:  # rich costs ~70 ms to import: only when a summary is printed
     from rich.console import Console
