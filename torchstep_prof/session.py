@@ -18,6 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from .config import ProfilerConfig
+from .errors import TorchstepProfWarning
 from .naming import range_label, sanitize_label
 from .selection import StepAction
 from .topology import Topology, distributed_initialized
@@ -64,7 +65,10 @@ def profiler_kwargs(contents: tuple[str, ...]) -> dict[str, Any]:
         activities.append(ProfilerActivity.CUDA)
     elif "cuda" in contents and not _warned_no_cuda:
         _warned_no_cuda = True
-        warnings.warn("torchstep_prof: contents asks for 'cuda' but CUDA is not available; recording CPU only")
+        warnings.warn(
+            "torchstep_prof: contents asks for 'cuda' but CUDA is not available; recording CPU only",
+            TorchstepProfWarning,
+        )
     kwargs: dict[str, Any] = {
         "activities": activities,
         "record_shapes": "shapes" in contents,
