@@ -1,0 +1,92 @@
+"""Shared test setup."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+# Run from a checkout without installing: put the repository root on the path, unless the
+# package is installed (then the installed copy is the one under test).
+if importlib.util.find_spec("torchstep_prof") is None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+# --- the engine's tests: process state, and a save_path checked after every test -------------
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torchstep_prof as tsp  # noqa: E402
+from torchstep_prof.record_store import STORE as _STORE  # noqa: E402
+from torchstep_prof import scopes as _scopes  # noqa: E402
+from torchstep_prof.engine import ENGINE as _ENGINE  # noqa: E402
+from torchstep_prof import topology as _topology  # noqa: E402
+
+# Variables that change what regions do (the environment's config layer, the rank): a test that
+# wants one sets it itself.
+_ENGINE_VARIABLES = (
+    "TORCHSTEP_PROF_CONFIG", "TORCHSTEP_PROF_OVERRIDES", "TORCHSTEP_PROF_SUMMARY",
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_state(monkeypatch):
+    """Each test starts with no records, an unread environment and an unresolved rank, and must
+    leave no torch profiler running."""
+    for name in _ENGINE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    _STORE.clear()
+    _scopes.reset_root()
+    _topology.forget_topology()
+    yield
+    # torch.autograd._profiler_enabled() sees a profiler started on this thread the usual way;
+    # it does not see one started with profile_all_threads (as the engine starts its own), so
+    # the engine's record of a running session is checked too.
+    leaked_torch = torch.autograd._profiler_enabled()
+    leaked_session = _ENGINE.session
+    if leaked_torch:  # stop it, so that one leak does not fail every later test too
+        try:
+            torch.autograd._disable_profiler()
+        except Exception:
+            pass
+    if leaked_session is not None:
+        _ENGINE.session = None
+        try:
+            leaked_session.profile.stop()
+        except Exception:
+            pass
+    _STORE.clear()
+    _scopes.reset_root()
+    _topology.forget_topology()
+    assert not leaked_torch, "a torch profiler was left running after the test"
+    assert leaked_session is None, "torchstep_prof's profiler was left running after the test"
+
+
+@pytest.fixture
+def save_dir(tmp_path):
+    """A fresh ``save_path`` (not yet created) in force for the test, summary off.
+
+    After the test, everything in it must be a whole trace file as SPEC.md describes it (name
+    grammar, JSON, distributedInfo, metadata, one ProfilerStep row, the owner's range inside
+    it): this checks every file the suite's engine tests write, and that no partial file or
+    scratch folder was left behind.
+    """
+    from trace_helpers import check_trace_file, contains, find_range, owner_range_name, profiler_steps, span_us
+
+    folder = tmp_path / "profile"
+    with tsp.configure(save_path=str(folder), summary=False):
+        yield folder
+    if not folder.exists():
+        return
+    for entry in sorted(folder.iterdir()):
+        assert entry.is_file(), f"left behind in save_path: {entry.name}/"
+        trace = check_trace_file(entry)
+        owner = owner_range_name(entry, trace)
+        if trace["torchstep_prof"]["discrete"]:
+            assert owner is not None, f"{entry.name}: the owning region's range is missing"
+            step_span = span_us(trace, profiler_steps(trace)[0])
+            assert contains(step_span, span_us(trace, find_range(trace, owner))), (
+                f"{entry.name}: ProfilerStep does not span the owner's range"
+            )

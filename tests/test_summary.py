@@ -1,0 +1,153 @@
+"""The console summary at exit: rows as data first (records()), rendered second."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+import torchstep_prof as tsp
+
+REPO = Path(__file__).resolve().parents[1]
+ROW = re.compile(r"^│(.+)│$")
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The body rows of a rich table (cells stripped), header excluded."""
+    rows = []
+    for line in text.splitlines():
+        match = ROW.match(line.strip())
+        if match:
+            rows.append([cell.strip() for cell in match.group(1).split("│")])
+    return rows
+
+
+def run_script(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(code))
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
+    full_env.update(PYTHONPATH=str(REPO), COLUMNS="250", **env)
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_rendered_rows_match_the_records_and_the_files(tmp_path):
+    with tsp.schedule(steps=[1, 2]), tsp.configure(save_path=str(tmp_path), summary=False):
+        for n in (1, 2):
+            with tsp.step(n):
+                with tsp.profile_region("actor", "compute_log_prob"):
+                    torch.ones(4, 4).sum()
+                with tsp.profile_region("critic", "update"):
+                    torch.ones(4, 4).sum()
+    data = tsp.records()
+    buffer = io.StringIO()
+    tsp.print_summary(data, Console(file=buffer, width=200))
+    text = buffer.getvalue()
+    rows = table_rows(text)
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("actor", "compute-log-prob", "1", "0"),
+        ("critic", "update", "1", "0"),
+        ("actor", "compute-log-prob", "2", "0"),
+        ("critic", "update", "2", "0"),
+    ]
+    assert sorted(r[-1] for r in rows) == sorted(os.listdir(tmp_path))
+    assert [r[-1] for r in rows] == [os.path.basename(t.path) for t in data.traces]
+    assert f"4 trace(s) written to {os.path.relpath(tmp_path)}" in text or f"to {tmp_path}" in text
+    assert "profiling cost" in text
+    assert "\x1b[" not in text  # a console writing to a buffer gets no colour codes
+
+
+def test_a_failed_trace_and_a_failed_hook_are_in_the_summary(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    with tsp.configure(save_path=str(blocker / "profile"), summary=False), tsp.schedule(steps=[1]):
+        with tsp.on_finish("echo boom >&2; exit 3"):
+            with tsp.step(1), tsp.profile_region("actor", "update"):
+                pass
+    buffer = io.StringIO()
+    tsp.print_summary(tsp.records(), Console(file=buffer, width=200))
+    text = buffer.getvalue()
+    assert "NOT WRITTEN" in text
+    assert "hook on rank 0: failed, exit code 3" in text
+
+
+def test_the_main_example_prints_a_summary_matching_the_files_on_disk(tmp_path):
+    out = tmp_path / "profile"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "rl_step.py"), "--save-path", str(out)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "250"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = table_rows(result.stdout)
+    on_disk = sorted(os.listdir(out))
+    assert len(on_disk) == 10  # 5 regions x steps 2 and 3
+    assert sorted(r[-1] for r in rows) == on_disk
+    for role, stage, step, rank, *_ in rows:
+        assert step in {"2", "3"} and rank == "0"
+    assert "\x1b[" not in result.stdout  # piped to a log: no colour codes
+    assert re.search(r"warm-up \d+", result.stdout)
+
+
+JOB = """
+    import torch
+    import torchstep_prof as tsp
+    with tsp.schedule(steps=[1, 2, 9]), tsp.configure(save_path="profile"{extra}):
+        for n in (1, 2, 3):
+            with tsp.step(n), tsp.profile_region("actor", "update"):
+                torch.ones(2).sum()
+    print("job done")
+"""
+
+
+def test_summary_false_and_the_environment_switch_turn_it_off(tmp_path):
+    shown = run_script(JOB.format(extra=""), tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "trace(s) written" in shown.stdout
+    assert "selected but never ran: step(s) 9" in shown.stdout
+
+    off_in_code = run_script(JOB.format(extra=", summary=False"), tmp_path)
+    assert off_in_code.returncode == 0 and "job done" in off_in_code.stdout
+    assert "trace(s) written" not in off_in_code.stdout
+
+    off_by_env = run_script(JOB.format(extra=""), tmp_path, TORCHSTEP_PROF_SUMMARY="0")
+    assert off_by_env.returncode == 0 and "job done" in off_by_env.stdout
+    assert "trace(s) written" not in off_by_env.stdout
+
+
+def test_a_forked_child_prints_no_summary(tmp_path):
+    code = """
+        import os, sys, torch
+        import torchstep_prof as tsp
+        with tsp.schedule(steps=[1]), tsp.configure(save_path="profile"):
+            with tsp.step(1), tsp.profile_region("actor", "update"):
+                torch.ones(2).sum()
+                pid = os.fork()
+                if pid == 0:
+                    print("child", os.getpid(), flush=True)
+                    # The inherited Python atexit handlers (the summary's among them) run, then
+                    # os._exit as multiprocessing's workers do: a forked child of a process that
+                    # used Kineto can hang in Kineto's C++ exit handlers (a torch issue).
+                    import atexit
+                    atexit._run_exitfuncs()
+                    os._exit(0)
+                os.waitpid(pid, 0)
+        print("parent", os.getpid(), flush=True)
+    """
+    result = run_script(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    parent_pid = re.search(r"^parent (\d+)$", result.stdout, re.M).group(1)
+    titles = re.findall(r"torchstep_prof rank 0 of 1 \(pid (\d+)\)", result.stdout)
+    assert titles == [parent_pid]
+    assert all(f"pid{parent_pid}_" in name for name in os.listdir(tmp_path / "profile"))
