@@ -87,8 +87,8 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
         # Any thread or task: while a trace records, a region is a range in it.
         if frame.disabled:
             return _IDLE_REGION
-        if step is None and CURRENT_STEP.get(None) is None:
-            ENGINE.count(role, stage)  # counters count every entry under a schedule
+        if step is None and not frame.idle and CURRENT_STEP.get(None) is None:
+            ENGINE.count(role, stage)  # counters count every entry under a schedule (only)
         if session.fused:
             session.add_role(role)
         return new_range(_RANGE_NAMES.get((role, stage)) or range_name(role, stage))

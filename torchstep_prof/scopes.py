@@ -307,8 +307,8 @@ def on_finish(
     """Run ``cmd`` once on each selected rank when profiling under this scope is finished.
 
     >>> import torchstep_prof as tsp
-    >>> with tsp.schedule(steps=[1]), tsp.on_finish('ls "$TORCHSTEP_PROF_SAVE_PATH"'):
-    ...     pass
+    >>> with tsp.schedule(steps=[1]), tsp.on_finish('upload-tool "$TORCHSTEP_PROF_SAVE_PATH"'):  # doctest: +SKIP
+    ...     train()
     """
     try:
         hook = FinishHookConfig(

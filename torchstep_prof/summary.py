@@ -101,9 +101,18 @@ def print_summary(data: ProfilingRecords, console: Console | None = None) -> Non
     from rich.console import Console
 
     if console is None:
-        # Piped to a log: no colour codes (rich's default), and wide enough not to fold paths.
-        console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+        # Piped to a log: no colour codes (rich's default), and wide enough not to fold file
+        # names (COLUMNS when set, else 120) rather than rich's 80.
+        width = None if sys.stdout.isatty() else _log_width()
+        console = Console(file=sys.stdout, width=width)
     console.print(render_summary(data))
+
+
+def _log_width() -> int:
+    try:
+        return max(int(os.environ.get("COLUMNS", "")), 80)
+    except ValueError:
+        return 120
 
 
 def print_summary_at_exit(wanted: bool) -> None:
