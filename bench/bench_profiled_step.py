@@ -1,0 +1,96 @@
+"""What a profiled step costs (SPEC "Performance": within 1.05x of the same step under a
+hand-written ``torch.profiler.profile`` with the same activities).
+
+The step: a 3-layer MLP of width 256, batch 64, forward, backward and SGD update. Candidate: the
+step inside ``tsp.step(n)`` + ``tsp.profile_region`` on a selected step, CPU activity only: the
+profiler starts, the body runs, the profiler stops and the trace is exported to a temporary
+folder. Baseline: ``with torch.profiler.profile(activities=[CPU]) as prof: step()`` then
+``prof.export_chrome_trace(<temp file>)``. Each is timed from before the block to after the
+export, in alternating order round by round; the files are removed between rounds (untimed).
+Both are warmed up first (the first profiler start in a process costs ~1 s).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _timing  # noqa: E402
+from _timing import Report, interleave, ratio_stat, ratio_target, stat  # noqa: E402
+
+LIMIT = 1.05
+
+
+def _empty(folder: str) -> None:
+    for entry in os.scandir(folder):
+        os.unlink(entry.path)
+
+
+def run(quick: bool = False) -> Report:
+    _timing.clean_environment()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import torchstep_prof as tsp
+
+    rounds = 20 if quick else 80
+    report = Report("bench_profiled_step")
+    mlp_step = _timing.make_mlp_step()
+    ours = tempfile.mkdtemp(prefix="tsp-bench-step-ours-")
+    theirs = tempfile.mkdtemp(prefix="tsp-bench-step-torch-")
+    steps = itertools.count(1)
+    counter = itertools.count()
+
+    def unprofiled() -> float:
+        t0 = time.perf_counter()
+        mlp_step()
+        return time.perf_counter() - t0
+
+    def hand_written() -> float:
+        path = os.path.join(theirs, f"trace{next(counter)}.json")
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            mlp_step()
+        prof.export_chrome_trace(path)
+        elapsed = time.perf_counter() - t0
+        _empty(theirs)
+        return elapsed
+
+    def region() -> float:
+        n = next(steps)
+        t0 = time.perf_counter()
+        with tsp.step(n):
+            with tsp.profile_region("train", "step"):
+                mlp_step()
+        elapsed = time.perf_counter() - t0
+        _empty(ours)
+        return elapsed
+
+    try:
+        with tsp.configure(save_path=ours, summary=False), tsp.contents("cpu"), tsp.schedule(active=1, repeat=0):
+            for _ in range(20):  # warm-up: torch's one-time start-up, allocator, caches
+                unprofiled()
+            for _ in range(5):
+                hand_written(), region()
+            samples = interleave({"unprofiled": unprofiled, "torch": hand_written, "region": region}, rounds, warmup=3)
+    finally:
+        shutil.rmtree(ours, ignore_errors=True)
+        shutil.rmtree(theirs, ignore_errors=True)
+    report.add(stat("MLP step, not profiled", samples["unprofiled"]))
+    report.add(stat("MLP step under hand-written torch.profiler + export", samples["torch"]))
+    report.add(stat("MLP step under tsp.profile_region (start, stop, export)", samples["region"]))
+    report.add(ratio_stat("hand-written profiler / unprofiled step", samples["unprofiled"], samples["torch"], "info: what profiling one step costs at all"))
+    report.targets.append(ratio_target("profiled_step_vs_torch", samples["torch"], samples["region"], LIMIT, "profiled step vs hand-written torch.profiler, CPU"))
+    report.notes.append(f"{rounds} interleaved rounds, one torch thread; each sample is one whole window (start, step, stop, export)")
+    return report
+
+
+if __name__ == "__main__":
+    _timing.main(run)

@@ -1,0 +1,142 @@
+"""Run every bench script, each in its own interpreter, and write ``bench/RESULTS.md``.
+
+    python bench/run_all.py            # the full run (about 2-3 minutes on 2 cores)
+    python bench/run_all.py --quick    # fewer rounds, a smoke run
+    python bench/run_all.py --only bench_export --only bench_import
+
+Prints each script's table as it finishes, then one table of every target. Exits 0 even when a
+target fails or a script errors: it reports, it does not gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _timing  # noqa: E402
+from _timing import ROOT, Report, fmt  # noqa: E402
+
+BENCH = Path(__file__).resolve().parent
+SCRIPTS = (
+    "bench_idle_region",
+    "bench_nested_range",
+    "bench_profiled_step",
+    "bench_export",
+    "bench_import",
+    "bench_first_region",
+    "bench_cli",
+)
+TIMEOUT_S = 150  # per script; the whole run stays under 5 minutes on 2 cores
+
+
+def run_script(name: str, quick: bool) -> tuple[Report | None, str, float]:
+    """(the script's results or None, its printed output, seconds it took)."""
+    env = {k: v for k, v in os.environ.items() if k not in _timing.ENGINE_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    with tempfile.TemporaryDirectory(prefix="tsp-bench-") as scratch:
+        out = Path(scratch) / f"{name}.json"
+        command = [sys.executable, str(BENCH / f"{name}.py"), "--json-out", str(out)] + (["--quick"] if quick else [])
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            text = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            return None, text + f"\n{name}: timed out after {TIMEOUT_S} s", time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        output = done.stdout
+        if done.returncode != 0 or not out.exists():
+            return None, output + f"\n{name}: exited {done.returncode}\n{done.stderr[-3000:]}", elapsed
+        return Report.from_dict(json.loads(out.read_text())), output, elapsed
+
+
+def _git_state() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "torchstep_prof"], capture_output=True, text=True, cwd=ROOT, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}{' + uncommitted changes in torchstep_prof/' if dirty else ''}" if head else "unknown"
+
+
+def _range(lo: float, hi: float, unit: str) -> str:
+    return f"{fmt(lo, unit)} – {fmt(hi, unit)}"
+
+
+def write_results(reports: list[tuple[str, Report | None, str, float]], path: Path, quick: bool) -> None:
+    info = _timing.machine()
+    lines = [
+        "# Benchmark results",
+        "",
+        "Written by `python bench/run_all.py` (`make bench`). Every ratio is taken side by side in one",
+        "process (or one invocation), interleaving baseline and candidate round by round; *measured*",
+        "is the ratio of the medians, *min – max* the extremes of the per-round (or per-child) ratios,",
+        "which show the noise of the machine. SPEC.md \"Performance\" states the targets.",
+        "",
+        f"- machine: {info['nproc']} CPU(s), {info['cpu']}",
+        f"- Python {info['python']}, torch {info['torch']}",
+        f"- date: {info['date']}; code: {_git_state()}{'; --quick run' if quick else ''}",
+        "",
+        "| target | what | measured | min – max | target | result |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, report, _, _ in reports:
+        if report is None:
+            lines.append(f"| {name} | the script failed (see its output) | – | – | – | ERROR |")
+            continue
+        for t in report.targets:
+            limit = f"<= {t.limit:g}{'' if t.unit == 'x' else ' ' + t.unit}"
+            lines.append(
+                f"| `{t.name}` | {t.what} | {fmt(t.value, t.unit)} | {_range(t.lo, t.hi, t.unit)} | {limit} | "
+                f"{'PASS' if t.passed else '**FAIL**'} |"
+            )
+    lines += ["", "## Each script's table", ""]
+    for name, report, output, elapsed in reports:
+        lines += [f"### {name} ({elapsed:.0f} s)", "", "```", output.rstrip(), "```", ""]
+    path.write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    parser.add_argument("--only", action="append", choices=SCRIPTS, help="run only this script (repeatable)")
+    parser.add_argument("--results", default=str(BENCH / "RESULTS.md"), help="where to write the markdown (default bench/RESULTS.md)")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    reports = []
+    for name in args.only or SCRIPTS:
+        report, output, elapsed = run_script(name, args.quick)
+        print(output.rstrip(), flush=True)
+        print(flush=True)
+        reports.append((name, report, output, elapsed))
+    total = time.perf_counter() - t0
+
+    rows = [("target", "measured", "min", "max", "limit", "result")]
+    for name, report, _, _ in reports:
+        if report is None:
+            rows.append((name, "-", "-", "-", "-", "ERROR"))
+            continue
+        for t in report.targets:
+            rows.append((t.name, fmt(t.value, t.unit), fmt(t.lo, t.unit), fmt(t.hi, t.unit), f"<= {t.limit:g}", "PASS" if t.passed else "FAIL"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print(f"== all targets ({total:.0f} s)")
+    for index, row in enumerate(rows):
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        if index == 0:
+            print("-" * (sum(widths) + 2 * (len(widths) - 1)))
+    write_results(reports, Path(args.results), args.quick)
+    print(f"wrote {args.results}")
+    return 0  # a report, not a gate
+
+
+if __name__ == "__main__":
+    sys.exit(main())
