@@ -25,7 +25,7 @@ from .naming import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
 from .scopes import Frame, HookScope, env_hook_scope
 from .selection import StepAction, last_selected_step, selected_steps
-from .session import TraceSession, open_range
+from .session import GuardedRange, TraceSession, open_range
 from .topology import current_topology
 from .export import TraceWriter
 
@@ -35,14 +35,16 @@ __all__ = ["CURRENT_STEP", "ENGINE", "ForeignProfilerWarning", "ProfilerStartWar
 # The innermost ``step(n)`` block of this thread / task (an object with a ``number``).
 CURRENT_STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("torchstep_prof_step")
 
-_RANGE_NAMES: dict[tuple[str, str], str] = {}
+# role -> stage -> range name (two lookups of interned strings beat building a tuple key)
+_RANGE_NAMES: dict[str, dict[str, str]] = {}
 
 
 def range_name(role: str, stage: str) -> str:
     """``<role>/<stage>`` made safe for torch's unescaped JSON (cached: regions repeat)."""
-    name = _RANGE_NAMES.get((role, stage))
+    names = _RANGE_NAMES.setdefault(role, {})
+    name = names.get(stage)
     if name is None:
-        name = _RANGE_NAMES[(role, stage)] = range_label(f"{role}/{stage}")
+        name = names[stage] = range_label(f"{role}/{stage}")
     return name
 
 
@@ -62,7 +64,8 @@ class _OwnedTrace:
 class Engine:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.session: Optional[TraceSession] = None
+        self.session: Optional[TraceSession] = None  # the trace recording now, if any
+        self._starting = False  # a thread is starting torch's profiler (under self.lock)
         self.writer = TraceWriter()
         self.forked = False
         self.warmed = False
@@ -86,7 +89,9 @@ class Engine:
                 self.count(role, stage)  # counters count every entry under a schedule
             if session.fused:
                 session.add_role(role)
-            return open_range(range_name(role, stage))
+            if session.owner_thread == threading.get_ident():
+                return open_range(range_name(role, stage))
+            return GuardedRange(range_name(role, stage)).__enter__()
         if step is not None:
             action = self.decide(frame, step)
         elif current is None:
@@ -148,26 +153,26 @@ class Engine:
             hook_scope=frame.hook_scope,
         )
         with self.lock:
-            if self.session is not None:  # another thread started one first: be a range in it
-                lost_to = self.session
-            else:
-                lost_to = None
-                self.session = session
-        if lost_to is not None:
+            running, starting = self.session, self._starting
+            if running is None and not starting:
+                self._starting = True
+        if running is not None:  # another thread's trace is recording: be a range in it
             if role is None:
                 return None
-            if lost_to.fused:
-                lost_to.add_role(role)
-            return open_range(range_name(role, stage or ""))
+            if running.fused:
+                running.add_role(role)
+            return GuardedRange(range_name(role, stage or "")).__enter__()
+        if starting:  # another thread is starting one right now: nothing to join yet
+            return None
         self._ensure_atexit()
         self.summary_wanted = frame.config.summary
-        if not self.warmed:
-            self.warm_up()
         try:
+            if not self.warmed:
+                self.warm_up()
             session.start()
         except Exception as exc:
             with self.lock:
-                self.session = None
+                self._starting = False
             label = f"{role}/{stage}" if role is not None else "fused trace"
             warnings.warn(
                 f"torchstep_prof: the profiler failed to start for {label} step {step} ({exc!r}); "
@@ -188,17 +193,21 @@ class Engine:
                 )
             )
             return None
+        with self.lock:
+            # Published only once torch's profiler runs: a region that sees it may open a range.
+            self.session, self._starting = session, False
         return _OwnedTrace(self, session)
 
     def stop_session(self, session: TraceSession) -> None:
         """Stop ``session`` (always), then write it when its step records. Never raises."""
         try:
             try:
-                session.stop()
-            finally:
                 with self.lock:
+                    # Unpublished before torch stops: no new range is opened into a stopping trace.
                     if self.session is session:
                         self.session = None
+                session.stop()
+            finally:
                 STORE.add_costs(start_s=session.start_s, stop_s=session.stop_s)
             if session.action is StepAction.RECORD:
                 hook_scope: Optional[HookScope] = session.hook_scope
@@ -297,6 +306,7 @@ class Engine:
         # write nothing, run no hook and print no summary.
         self.forked = True
         self.session = None
+        self._starting = False
         self.lock = threading.Lock()
         self.writer.forget_after_fork()
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+from threading import get_ident as _get_ident
 from typing import Any, Callable, Optional, TypeVar
 
 from .engine import _RANGE_NAMES, CURRENT_STEP, ENGINE, range_name
-from .session import new_range
+from .session import GuardedRange, new_range
 from .naming import sanitize_label
 from .scopes import _ROOT, _STACK, current_frame
 from .selection import StepAction
@@ -89,9 +90,15 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             return _IDLE_REGION
         if step is None and not frame.idle and CURRENT_STEP.get(None) is None:
             ENGINE.count(role, stage)  # counters count every entry under a schedule (only)
+        try:
+            name = _RANGE_NAMES[role][stage]
+        except KeyError:
+            name = range_name(role, stage)
+        if session.plain_thread == _get_ident():  # the owner's thread of a discrete trace
+            return new_range(name)
         if session.fused:
             session.add_role(role)
-        return new_range(_RANGE_NAMES.get((role, stage)) or range_name(role, stage))
+        return new_range(name) if session.owner_thread == _get_ident() else GuardedRange(name)
     if frame.idle:
         return _IDLE_REGION
     if frame is _ROOT:  # first region outside every scope: read the environment once
@@ -194,9 +201,10 @@ def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
-            if ENGINE.session is None and _STACK.get(_ROOT).idle:  # not profiling: just the call
+            region = profile_region(role, label)
+            if region is _IDLE_REGION:  # not profiling: just the call
                 return fn(*args, **kwargs)
-            with profile_region(role, label):
+            with region:
                 return fn(*args, **kwargs)
 
         return run  # type: ignore[return-value]

@@ -10,6 +10,7 @@ import contextlib
 import datetime as _dt
 import functools
 import json
+import threading
 import time
 import warnings
 from typing import Any, Optional
@@ -37,6 +38,30 @@ except ImportError:  # pragma: no cover - depends on the torch build
 
 new_range: Any = _FastRange if _FastRange is not None else record_function
 """``new_range(name)``: a range for the running trace, as a context manager not yet entered."""
+
+
+class GuardedRange:
+    """A range for a region of another thread than the trace's owner.
+
+    That thread may enter its range just as the owner stops the trace and leave it after the next
+    trace started: torch then raises ``self->guard INTERNAL ASSERT FAILED`` from the range's exit.
+    Nothing was recorded for it either way, so the exit swallows that one error.
+    """
+
+    __slots__ = ("_marker",)
+
+    def __init__(self, name: str) -> None:
+        self._marker = new_range(name)
+
+    def __enter__(self) -> GuardedRange:
+        self._marker.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            self._marker.__exit__(None, None, None)
+        except RuntimeError:
+            pass
 
 
 def open_range(name: str) -> Any:
@@ -119,6 +144,11 @@ class TraceSession:
         self.topology = topology
         self.hook_scope = hook_scope
         self.roles: list[str] = [] if role is None else [role]
+        # Only the owner's thread starts and stops the profiler, so only its regions can use
+        # bare torch ranges (see GuardedRange).
+        self.owner_thread = threading.get_ident()
+        # The common nested case in one comparison: the owner's thread, no roles to collect.
+        self.plain_thread = None if self.fused else self.owner_thread
         self.started_at = _dt.datetime.now(_dt.timezone.utc)
         self._t0 = 0.0
         self.wall_s = 0.0
