@@ -77,6 +77,36 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
+def _warm_up_for_the_environment() -> None:
+    # With profiling switched on by TORCHSTEP_PROF_CONFIG / _OVERRIDES there may be no scope
+    # entered before step 1: pay torch.profiler's ~1 s first start now, at import, instead of
+    # inside the first profiled step. Only in a process that already imported torch (a training
+    # script; not the command line), and only on a rank the environment's config profiles. A bad
+    # environment is reported later, where SPEC.md says: at the first scope or region.
+    import sys
+
+    from .environment import ENV_CONFIG, ENV_OVERRIDES
+
+    if "torch" not in sys.modules or not (_os.environ.get(ENV_CONFIG) or _os.environ.get(ENV_OVERRIDES)):
+        return
+    from .config import ProfilerConfig
+    from .engine import ENGINE
+    from .environment import read_environment
+    from .errors import ConfigError
+    from .selection import rank_selected
+    from .topology import current_topology
+
+    try:
+        config = read_environment().apply(ProfilerConfig())
+    except ConfigError:
+        return
+    if config.enable and config.schedule is not None:
+        if rank_selected(config.ranks, config.all_ranks, current_topology().rank):
+            ENGINE.warm_up(config.contents)
+
+
+_warm_up_for_the_environment()
+
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .config import CONTENT_NAMES, FinishHookConfig, ProfilerConfig, ScheduleConfig
     from .config_files import dump_config, load_config

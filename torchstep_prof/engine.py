@@ -13,6 +13,7 @@ import atexit
 import contextvars
 import itertools
 import os
+import tempfile
 import threading
 import time
 import warnings
@@ -25,7 +26,7 @@ from .naming import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
 from .scopes import Frame, HookScope, env_hook_scope
 from .selection import StepAction, last_selected_step, selected_steps
-from .session import GuardedRange, TraceSession, open_range
+from .session import GuardedRange, TraceSession, new_range, open_range, other_threads_running, profiler_kwargs
 from .topology import current_topology
 from .export import TraceWriter
 
@@ -66,6 +67,8 @@ class Engine:
         self.lock = threading.Lock()
         self.session: Optional[TraceSession] = None  # the trace recording now, if any
         self._starting = False  # a thread is starting torch's profiler (under self.lock)
+        # A region of another thread than a trace's owner was seen: record all threads from now.
+        self.other_threads_seen = False
         self.writer = TraceWriter()
         self.forked = False
         self.warmed = False
@@ -91,6 +94,7 @@ class Engine:
                 session.add_role(role)
             if session.owner_thread == threading.get_ident():
                 return open_range(range_name(role, stage))
+            self.other_threads_seen = True
             return GuardedRange(range_name(role, stage)).__enter__()
         if step is not None:
             action = self.decide(frame, step)
@@ -151,6 +155,7 @@ class Engine:
             action=action,
             topology=current_topology(),
             hook_scope=frame.hook_scope,
+            all_threads=self.other_threads_seen or other_threads_running(),
         )
         with self.lock:
             running, starting = self.session, self._starting
@@ -161,6 +166,7 @@ class Engine:
                 return None
             if running.fused:
                 running.add_role(role)
+            self.other_threads_seen = True
             return GuardedRange(range_name(role, stage or "")).__enter__()
         if starting:  # another thread is starting one right now: nothing to join yet
             return None
@@ -168,7 +174,7 @@ class Engine:
         self.summary_wanted = frame.config.summary
         try:
             if not self.warmed:
-                self.warm_up()
+                self.warm_up(frame.config.contents)
             session.start()
         except Exception as exc:
             with self.lock:
@@ -221,17 +227,24 @@ class Engine:
         except Exception as exc:  # never let profiling replace the user's exception or result
             self._warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", TorchstepProfWarning)
 
-    def warm_up(self) -> None:
-        """Pay torch.profiler's one-time start-up cost (~1 s: it imports torch._inductor) now,
-        outside any step, instead of inside the first profiled one."""
+    def warm_up(self, contents: tuple[str, ...] = ()) -> None:
+        """Pay torch.profiler's one-time start-up costs now, outside any step, instead of inside
+        the first profiled one: ~1 s for the first start (torch imports torch._inductor), and
+        the first recorded range, stop and export (lazy initialisation in Kineto)."""
         if self.warmed or self.forked or torch.autograd._profiler_enabled():
             return
         self.warmed = True
         t0 = time.perf_counter()
         try:
-            warm = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-            warm.start()
-            warm.stop()
+            with tempfile.TemporaryDirectory(prefix="torchstep_prof-warmup-") as scratch:
+                warm = torch.profiler.profile(**profiler_kwargs(contents, other_threads_running()))
+                warm.start()
+                try:
+                    with torch.profiler.record_function("ProfilerStep#0"), new_range("torchstep_prof/warm-up"):
+                        torch.zeros(2).add_(1)
+                finally:
+                    warm.stop()
+                warm.export_chrome_trace(os.path.join(scratch, "warm-up.json"))
         except Exception:  # the real start will report it
             pass
         STORE.add_costs(warmup_s=time.perf_counter() - t0)
@@ -244,7 +257,7 @@ class Engine:
             return
         self._ensure_atexit()
         if not self.warmed and frame.rank_selected():
-            self.warm_up()
+            self.warm_up(frame.config.contents)
 
     def scope_exited(self, frame: Frame, parent: Frame) -> None:
         if self.writer.has_pending:

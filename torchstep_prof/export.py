@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import attrs
 
 from .errors import TraceWriteWarning
-from .naming import TraceName, build_trace_name
+from .naming import TraceName, build_trace_name, with_part
 from .record_store import STORE, TraceRecord
 from .session import TraceSession
 
@@ -47,6 +47,7 @@ class TraceWriter:
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._reported: set[tuple[str, str]] = set()
         self._writes = itertools.count(1)
+        self._folders_ready: set[str] = set()  # created once; re-checked after a failure
 
     # --- public -------------------------------------------------------------------------------
 
@@ -57,19 +58,21 @@ class TraceWriter:
         name = self._name_for(session)
         record = self._record_for(session, name)
         folder = session.config.save_path
-        temp = f"{TEMP_PREFIX}{os.getpid()}-{next(self._writes)}-{build_trace_name(attrs.evolve(name, gzip=False))}"
+        final_name = build_trace_name(name)
+        temp = f"{TEMP_PREFIX}{os.getpid()}-{next(self._writes)}-{final_name.removesuffix('.gz')}"
         raw_path = os.path.join(folder, temp + ".partial")
         try:
-            self._export(session, folder, raw_path)
+            size = self._export(session, folder, raw_path)
             if not name.gzip:
-                path = self._claim(raw_path, session.config.save_path, name)
-                self._finish(record, path, time.perf_counter() - t0, on_written)
+                path = self._claim(raw_path, folder, final_name)
+                self._finish(record, path, size, time.perf_counter() - t0, on_written)
                 return
         except _ExportFailed as exc:
+            self._folders_ready.discard(folder)  # re-check the folder next time
             self._fail(record, str(exc), t0, raw_path)
             return
         export_s = time.perf_counter() - t0
-        future = self._pool().submit(self._compress, raw_path, name, record, export_s, session.config.save_path, on_written)
+        future = self._pool().submit(self._compress, raw_path, final_name, record, export_s, folder, on_written)
         with self._lock:
             self._pending.append(future)
 
@@ -120,12 +123,14 @@ class TraceWriter:
             stop_s=session.stop_s,
         )
 
-    @staticmethod
-    def _export(session: TraceSession, folder: str, raw_path: str) -> None:
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except OSError as exc:
-            raise _ExportFailed(f"cannot create {folder!r}: {exc.strerror or exc}") from None
+    def _export(self, session: TraceSession, folder: str, raw_path: str) -> int:
+        """Export to ``raw_path``; returns the file's size."""
+        if folder not in self._folders_ready:
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError as exc:
+                raise _ExportFailed(f"cannot create {folder!r}: {exc.strerror or exc}") from None
+            self._folders_ready.add(folder)
         prof = session.profile
         if prof is None:
             raise _ExportFailed("no profiler output to export")
@@ -134,13 +139,15 @@ class TraceWriter:
         except Exception as exc:  # torch raises a bare RuntimeError for some failures
             raise _ExportFailed(f"torch could not export the trace: {exc}") from None
         # torch does not raise when it cannot write: it only logs. Check the file is whole.
-        if not _looks_complete(raw_path):
+        size = _complete_size(raw_path)
+        if not size:
             raise _ExportFailed(f"torch wrote no complete trace to {raw_path!r} (is the folder writable, the disk full?)")
+        return size
 
     def _compress(
         self,
         raw_path: str,
-        name: TraceName,
+        final_name: str,
         record: TraceRecord,
         export_s: float,
         save_path: str,
@@ -152,18 +159,19 @@ class TraceWriter:
             with open(raw_path, "rb") as source, gzip.open(gz_path, "wb", compresslevel=_GZIP_LEVEL) as target:
                 shutil.copyfileobj(source, target, 1 << 20)
             _remove(raw_path)
-            path = self._claim(gz_path, save_path, name)
+            size = os.path.getsize(gz_path)
+            path = self._claim(gz_path, save_path, final_name)
         except (OSError, _ExportFailed) as exc:
             self._fail(record, f"cannot write the gzip trace: {exc}", t0, raw_path, gz_path, export_s=export_s)
             return
         # The compression ran off the training thread: only the export counts as its cost.
-        self._finish(record, path, export_s, on_written)
+        self._finish(record, path, size, export_s, on_written)
 
-    def _claim(self, source: str, save_path: str, name: TraceName) -> str:
-        """Give ``source`` the first free name ``name`` allows; never replace a file."""
+    def _claim(self, source: str, save_path: str, final_name: str) -> str:
+        """Give ``source`` the first free name of ``final_name``, ``_part1``...; never replace a file."""
         part = 0
         while True:
-            target = os.path.join(save_path, build_trace_name(attrs.evolve(name, part=part)))
+            target = os.path.join(save_path, with_part(final_name, part))
             part += 1
             with self._lock:
                 if target in self._claimed:
@@ -185,8 +193,10 @@ class TraceWriter:
             _remove(source)
             return target
 
-    def _finish(self, record: TraceRecord, path: str, export_s: float, on_written: Callable[[TraceRecord], None]) -> None:
-        final = attrs.evolve(record, path=path, size_bytes=os.path.getsize(path), export_s=export_s)
+    def _finish(
+        self, record: TraceRecord, path: str, size: int, export_s: float, on_written: Callable[[TraceRecord], None]
+    ) -> None:
+        final = attrs.evolve(record, path=path, size_bytes=size, export_s=export_s)
         STORE.add_costs(export_s=final.export_s)
         STORE.add_trace(final)
         on_written(final)
@@ -217,17 +227,20 @@ class TraceWriter:
             return self._executor
 
 
-def _looks_complete(path: str) -> bool:
+def _complete_size(path: str) -> int:
+    """The size of the JSON file at ``path`` when it ends as a whole trace does, else 0."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            if size == 0:
-                return False
-            f.seek(max(0, size - 64))
-            return f.read().rstrip().endswith(b"}")
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return False
+        return 0
+    try:
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, 64, max(0, size - 64)) if size else b""
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    return size if tail.rstrip().endswith(b"}") else 0
 
 
 def _remove(path: str) -> None:

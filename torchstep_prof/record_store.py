@@ -102,7 +102,7 @@ class _RecordStore:
         self._lock = threading.Lock()
         self._traces: list[TraceRecord] = []
         self._hooks: list[HookRecord] = []
-        self._costs = ProfilingCosts()
+        self._costs: dict[str, float] = {}
         self._missed: set[int] = set()
 
     def add_trace(self, record: TraceRecord) -> None:
@@ -123,10 +123,11 @@ class _RecordStore:
             self._hooks.append(record)
 
     def add_costs(self, **seconds: float) -> None:
+        """Add seconds to the ``ProfilingCosts`` fields named (on every trace: kept cheap)."""
         with self._lock:
-            self._costs = attrs.evolve(
-                self._costs, **{k: getattr(self._costs, k) + v for k, v in seconds.items()}
-            )
+            costs = self._costs
+            for field, value in seconds.items():
+                costs[field] = costs.get(field, 0.0) + value
 
     def add_missed_steps(self, steps: set[int] | frozenset[int]) -> None:
         with self._lock:
@@ -137,7 +138,7 @@ class _RecordStore:
             return ProfilingRecords(
                 traces=tuple(self._traces),
                 hooks=tuple(self._hooks),
-                costs=self._costs,
+                costs=ProfilingCosts(**self._costs),
                 missed_steps=tuple(sorted(self._missed)),
             )
 
@@ -145,7 +146,7 @@ class _RecordStore:
         with self._lock:
             self._traces.clear()
             self._hooks.clear()
-            self._costs = ProfilingCosts()
+            self._costs.clear()
             self._missed.clear()
 
 

@@ -98,7 +98,10 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             return new_range(name)
         if session.fused:
             session.add_role(role)
-        return new_range(name) if session.owner_thread == _get_ident() else GuardedRange(name)
+        if session.owner_thread == _get_ident():
+            return new_range(name)
+        ENGINE.other_threads_seen = True
+        return GuardedRange(name)
     if frame.idle:
         return _IDLE_REGION
     if frame is _ROOT:  # first region outside every scope: read the environment once

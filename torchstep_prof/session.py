@@ -81,8 +81,9 @@ _warned_no_cuda = False
 
 
 @functools.lru_cache(maxsize=32)
-def profiler_kwargs(contents: tuple[str, ...]) -> dict[str, Any]:
-    """torch.profiler.profile arguments for a ``contents`` selection (CPU always)."""
+def profiler_kwargs(contents: tuple[str, ...], all_threads: bool = False) -> dict[str, Any]:
+    """torch.profiler.profile arguments for a ``contents`` selection (CPU always); with
+    ``all_threads``, every thread's events (see ``other_threads_running``)."""
     global _warned_no_cuda
     activities = [ProfilerActivity.CPU]
     wants_cuda = "cuda" in contents or (not contents and _cuda_available())
@@ -104,10 +105,26 @@ def profiler_kwargs(contents: tuple[str, ...]) -> dict[str, Any]:
     }
     # torch 2.13 records no [memory] events under profile_all_threads: with "memory", memory
     # wins, and ranges of regions in other threads go unrecorded in such traces.
-    experimental = None if kwargs["profile_memory"] else _all_threads_config()
+    experimental = _all_threads_config() if all_threads and not kwargs["profile_memory"] else None
     if experimental is not None:
         kwargs["experimental_config"] = experimental
     return kwargs
+
+
+HELPER_THREAD_PREFIX = "torchstep_prof-"
+
+
+def other_threads_running() -> bool:
+    """Whether a Python thread besides this one (and our own helpers) is alive.
+
+    torch's ``profile_all_threads`` is what puts other threads' ranges into a trace, but it
+    costs ~10% on a small step: a process with one Python thread goes without it.
+    """
+    current = threading.current_thread()
+    return any(
+        thread is not current and not thread.name.startswith(HELPER_THREAD_PREFIX)
+        for thread in threading.enumerate()
+    )
 
 
 def _all_threads_config() -> Any:
@@ -134,8 +151,10 @@ class TraceSession:
         action: StepAction,
         topology: Topology,
         hook_scope: Any,
+        all_threads: bool = True,
     ) -> None:
         self.config = config
+        self.all_threads = all_threads
         self.fused = role is None  # a step block owns it; regions inside add their roles
         self.owner_role = role
         self.owner_stage = stage
@@ -190,7 +209,7 @@ class TraceSession:
     def start(self) -> None:
         """Start torch's profiler and open the step and owner ranges. Raises if torch fails."""
         t0 = time.perf_counter()
-        prof = profile(**profiler_kwargs(self.config.contents))
+        prof = profile(**profiler_kwargs(self.config.contents, self.all_threads))
         prof.start()
         self._profile = prof
         try:
@@ -198,7 +217,7 @@ class TraceSession:
             self._ranges.enter_context(record_function(f"ProfilerStep#{self.step}"))
             if not self.fused:
                 name = range_label(f"{self.owner_role}/{self.owner_stage}")
-                self._ranges.enter_context(_range_context(name))
+                self._ranges.enter_context(new_range(name))
         except BaseException:
             self._ranges.close()
             prof.stop()
@@ -241,13 +260,3 @@ class TraceSession:
         }
         # Labels are sanitized (ASCII, no quotes or backslashes): torch writes this unescaped.
         prof.add_metadata_json(METADATA_KEY, json.dumps(metadata))
-
-
-@contextlib.contextmanager
-def _range_context(name: str):  # type: ignore[no-untyped-def]
-    marker = open_range(name)
-    try:
-        yield marker
-    finally:
-        marker.__exit__(None, None, None)
-
