@@ -82,6 +82,19 @@ def report_unreadable(unreadable: Sequence[Unreadable], stream: TextIO | None = 
         print(f"skipped {item.path}: {item.reason}", file=stream)
 
 
+def usable_traces(args: argparse.Namespace, filters: TraceFilter) -> list[TraceInfo] | int:
+    """The traces of ``args.directory`` that pass ``filters``, skipped files reported; the exit
+    code instead when the folder cannot be read or nothing usable is in it."""
+    scanned = scan_folder(args, filters)
+    if isinstance(scanned, int):
+        return scanned
+    infos, unreadable = scanned
+    report_unreadable(unreadable)
+    if not infos:
+        return nothing_found(args, filters, unreadable)
+    return infos
+
+
 def nothing_found(args: argparse.Namespace, filters: TraceFilter, unreadable: Sequence) -> int:
     """Say why there is nothing to show; returns the exit code."""
     what = "no usable trace"

@@ -52,13 +52,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         filters = TraceFilter(roles=[args.role], stages=[args.stage], steps=[args.step])
     except ValueError as exc:
         parser.error(str(exc))
-    scanned = _tracedir.scan_folder(args, filters)
-    if isinstance(scanned, int):
-        return scanned
-    infos, unreadable = scanned
-    _tracedir.report_unreadable(unreadable)
-    if not infos:
-        return _tracedir.nothing_found(args, filters, unreadable)
+    infos = _tracedir.usable_traces(args, filters)
+    if isinstance(infos, int):
+        return infos
 
     by_rank: dict[int, list[TraceInfo]] = {}
     for info in infos:

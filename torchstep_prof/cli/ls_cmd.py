@@ -26,11 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    filters = _tracedir.filters_from_args(parser, args)
-    scanned = _tracedir.scan_folder(args, filters)
-    if isinstance(scanned, int):
-        return scanned
-    infos, unreadable = scanned
+    infos = _tracedir.usable_traces(args, _tracedir.filters_from_args(parser, args))
+    if isinstance(infos, int):
+        return infos
     rows = [
         {
             "role": i.role,
@@ -47,11 +45,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.json:
         for row in rows:
             sys.stdout.write(json.dumps(row) + "\n")
-    elif rows:
+    else:
         _print_columns(rows)
-    _tracedir.report_unreadable(unreadable)
-    if not infos:
-        return _tracedir.nothing_found(args, filters, unreadable)
     return _tracedir.EXIT_OK
 
 

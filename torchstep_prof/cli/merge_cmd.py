@@ -33,13 +33,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..tracefiles import TraceReadError
 
     filters = _tracedir.filters_from_args(parser, args)
-    scanned = _tracedir.scan_folder(args, filters)
-    if isinstance(scanned, int):
-        return scanned
-    infos, unreadable = scanned
-    _tracedir.report_unreadable(unreadable)
-    if not infos:
-        return _tracedir.nothing_found(args, filters, unreadable)
+    infos = _tracedir.usable_traces(args, filters)
+    if isinstance(infos, int):
+        return infos
     try:
         result = merge_traces(infos, args.output)
     except TraceReadError as exc:  # changed since it was scanned
