@@ -164,7 +164,18 @@ def test_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert str(info.value) == "missing.toml: cannot be read (No such file or directory)"
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads any file")
+def test_a_path_that_cannot_be_read_as_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("c.yaml").mkdir()  # unreadable as a file even for root, unlike a chmod 0 file
+    with pytest.raises(ConfigError) as info:
+        load_config("c.yaml")
+    assert str(info.value) == "c.yaml: cannot be read (Is a directory)"
+
+
+@pytest.mark.skipif(
+    hasattr(os, "geteuid") and os.geteuid() == 0,
+    reason="needs a non-root user: root reads a file whose permissions forbid it (the directory case above runs)",
+)
 def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     Path("c.yaml").write_text("gzip: true\n")
