@@ -9,7 +9,10 @@ Select or skip the module with ``-m distributed`` / ``-m "not distributed"``.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -232,3 +235,50 @@ def test_ddp_example_under_torchrun(tmp_path, mode):
         assert f"[rank {rank}] traces in {save}" in launch.output
         assert f"rank {rank}: 5 steps done" in launch.output
 
+
+
+# --- reading a 4-rank run's folder (issue 5) ------------------------------------------------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchstep_prof", *args],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def test_summarize_flags_the_rank_that_slept_in_its_region(node_job):
+    folder = node_job.out / "straggler"
+    done = _cli("summarize", str(folder), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["unreadable"] == []
+    groups = {(g["role"], g["stage"], g["step"]): g for g in summary["groups"]}
+    assert set(groups) == {("actor", "compute-log-prob", 1), ("actor", "compute-log-prob", 2)}
+    for group in groups.values():
+        assert sorted(r["rank"] for r in group["ranks"]) == [0, 1, 2, 3]
+        assert group["straggler"] == 2
+        slow = next(r for r in group["ranks"] if r["rank"] == 2)
+        assert slow["wall_ms"] >= 300
+
+
+def test_merge_puts_every_rank_and_step_on_one_timeline(node_job, tmp_path):
+    merged = tmp_path / "merged.json"
+    done = _cli("merge", str(node_job.out / "straggler"), "-o", str(merged))
+    assert done.returncode == 0, done.stderr
+    trace = json.loads(merged.read_text())
+    names = {
+        e["args"]["name"] for e in trace["traceEvents"] if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    assert names == {f"actor/compute-log-prob rank {r} step {n}" for r in range(4) for n in (1, 2)}
+
+
+def test_hta_links_one_trace_per_rank(node_job, tmp_path):
+    out = tmp_path / "hta"
+    done = _cli("hta", str(node_job.out / "straggler"), "--role", "actor", "--stage", "compute-log-prob",
+                "--step", "2", "-o", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    files = sorted(out.iterdir())
+    assert [tsp.parse_trace_name(f).rank for f in files] == [0, 1, 2, 3]
+    for f in files:
+        assert json.loads(f.read_text())["distributedInfo"]["rank"] == tsp.parse_trace_name(f).rank

@@ -5,6 +5,8 @@ Started as four plain processes with ``RANK``, ``WORLD_SIZE=4``, ``LOCAL_RANK``,
 hosts. ``node_worker.py OUT``:
 
 - ``ranks_0_2``: steps {1,3} of 4 on ranks [0, 2];
+- ``straggler``: steps {1,2} on every rank; rank 2 sleeps 0.3 s inside each of its regions (the
+  all-reduce is outside the region, so the other ranks' regions do not wait for it);
 - ``per_node``: steps {1,2} on every rank, a ``per_node`` finish hook; each node writes into its
   own ``OUT/per_node/save_node<g>`` (its local disk), and local rank 1 of each node sleeps 1.5 s
   inside its step-2 region, so it finishes well after its node's uploader.
@@ -38,6 +40,15 @@ def train(steps: int, slow_step: int = 0) -> None:
 
 with tsp.configure(save_path=str(out / "ranks_0_2")), tsp.schedule(steps=[1, 3]), tsp.ranks(0, 2):
     train(4)
+
+with tsp.configure(save_path=str(out / "straggler")), tsp.schedule(steps=[1, 2]), tsp.ranks(all_ranks=True):
+    for n in (1, 2):
+        with tsp.step(n):
+            all_reduce(torch.tanh(x @ x))
+            with tsp.profile_region("actor", "compute_log_prob"):
+                torch.tanh(x @ x)
+                if rank == 2:
+                    time.sleep(0.3)
 
 with tsp.configure(save_path=str(out / "per_node" / f"save_node{node}")), tsp.schedule(steps=[1, 2]), \
         tsp.ranks(all_ranks=True), \
