@@ -26,7 +26,7 @@ from .naming import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
 from .scopes import Frame, HookScope, env_hook_scope
 from .selection import StepAction, last_selected_step, selected_steps
-from .session import GuardedRange, TraceSession, new_range, open_range, other_threads_running, profiler_kwargs
+from .session import ThreadSpan, TraceSession, new_range, open_range, profiler_kwargs
 from .topology import current_topology
 from .export import TraceWriter
 
@@ -66,9 +66,9 @@ class Engine:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.session: Optional[TraceSession] = None  # the trace recording now, if any
-        self._starting = False  # a thread is starting torch's profiler (under self.lock)
-        # A region of another thread than a trace's owner was seen: record all threads from now.
-        self.other_threads_seen = False
+        # A thread is starting, stopping or exporting torch's profiler (under self.lock): Kineto
+        # crashes when one thread starts a profiler while another stops one.
+        self._busy = False
         self.writer = TraceWriter()
         self.forked = False
         self.warmed = False
@@ -94,8 +94,7 @@ class Engine:
                 session.add_role(role)
             if session.owner_thread == threading.get_ident():
                 return open_range(range_name(role, stage))
-            self.other_threads_seen = True
-            return GuardedRange(range_name(role, stage)).__enter__()
+            return ThreadSpan(session, range_name(role, stage)).__enter__()
         if step is not None:
             action = self.decide(frame, step)
         elif current is None:
@@ -155,20 +154,18 @@ class Engine:
             action=action,
             topology=current_topology(),
             hook_scope=frame.hook_scope,
-            all_threads=self.other_threads_seen or other_threads_running(),
         )
         with self.lock:
-            running, starting = self.session, self._starting
-            if running is None and not starting:
-                self._starting = True
+            running, busy = self.session, self._busy
+            if running is None and not busy:
+                self._busy = True
         if running is not None:  # another thread's trace is recording: be a range in it
             if role is None:
                 return None
             if running.fused:
                 running.add_role(role)
-            self.other_threads_seen = True
-            return GuardedRange(range_name(role, stage or "")).__enter__()
-        if starting:  # another thread is starting one right now: nothing to join yet
+            return ThreadSpan(running, range_name(role, stage or "")).__enter__()
+        if busy:  # another thread is starting or stopping one right now: nothing to join
             return None
         self._ensure_atexit()
         self.summary_wanted = frame.config.summary
@@ -176,9 +173,11 @@ class Engine:
             if not self.warmed:
                 self.warm_up(frame.config.contents)
             session.start()
-        except Exception as exc:
+        except BaseException as exc:
             with self.lock:
-                self._starting = False
+                self._busy = False
+            if not isinstance(exc, Exception):  # KeyboardInterrupt: nothing left half-started
+                raise
             label = f"{role}/{stage}" if role is not None else "fused trace"
             warnings.warn(
                 f"torchstep_prof: the profiler failed to start for {label} step {step} ({exc!r}); "
@@ -201,17 +200,19 @@ class Engine:
             return None
         with self.lock:
             # Published only once torch's profiler runs: a region that sees it may open a range.
-            self.session, self._starting = session, False
+            self.session, self._busy = session, False
         return _OwnedTrace(self, session)
 
     def stop_session(self, session: TraceSession) -> None:
         """Stop ``session`` (always), then write it when its step records. Never raises."""
+        with self.lock:
+            # Unpublished before torch stops: no new range is opened into a stopping trace, and
+            # no other thread starts a profiler until this one is stopped and exported.
+            if self.session is session:
+                self.session = None
+            self._busy = True
         try:
             try:
-                with self.lock:
-                    # Unpublished before torch stops: no new range is opened into a stopping trace.
-                    if self.session is session:
-                        self.session = None
                 session.stop()
             finally:
                 STORE.add_costs(start_s=session.start_s, stop_s=session.stop_s)
@@ -226,6 +227,9 @@ class Engine:
                 self.writer.write(session, on_written)
         except Exception as exc:  # never let profiling replace the user's exception or result
             self._warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", TorchstepProfWarning)
+        finally:
+            with self.lock:
+                self._busy = False
 
     def warm_up(self, contents: tuple[str, ...] = ()) -> None:
         """Pay torch.profiler's one-time start-up costs now, outside any step, instead of inside
@@ -237,7 +241,7 @@ class Engine:
         t0 = time.perf_counter()
         try:
             with tempfile.TemporaryDirectory(prefix="torchstep_prof-warmup-") as scratch:
-                warm = torch.profiler.profile(**profiler_kwargs(contents, other_threads_running()))
+                warm = torch.profiler.profile(**profiler_kwargs(contents))
                 warm.start()
                 try:
                     with torch.profiler.record_function("ProfilerStep#0"), new_range("torchstep_prof/warm-up"):
@@ -319,7 +323,7 @@ class Engine:
         # write nothing, run no hook and print no summary.
         self.forked = True
         self.session = None
-        self._starting = False
+        self._busy = False
         self.lock = threading.Lock()
         self.writer.forget_after_fork()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import gzip
+import json
 import itertools
 import os
 import shutil
@@ -47,7 +48,6 @@ class TraceWriter:
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._reported: set[tuple[str, str]] = set()
         self._writes = itertools.count(1)
-        self._folders_ready: set[str] = set()  # created once; re-checked after a failure
 
     # --- public -------------------------------------------------------------------------------
 
@@ -59,8 +59,8 @@ class TraceWriter:
         record = self._record_for(session, name)
         folder = session.config.save_path
         final_name = build_trace_name(name)
-        temp = f"{TEMP_PREFIX}{os.getpid()}-{next(self._writes)}-{final_name.removesuffix('.gz')}"
-        raw_path = os.path.join(folder, temp + ".partial")
+        # Short, so that a final name near the 255-byte limit never fails at the temporary step.
+        raw_path = os.path.join(folder, f"{TEMP_PREFIX}{os.getpid()}-{next(self._writes)}.partial")
         try:
             size = self._export(session, folder, raw_path)
             if not name.gzip:
@@ -68,7 +68,6 @@ class TraceWriter:
                 self._finish(record, path, size, time.perf_counter() - t0, on_written)
                 return
         except _ExportFailed as exc:
-            self._folders_ready.discard(folder)  # re-check the folder next time
             self._fail(record, str(exc), t0, raw_path)
             return
         export_s = time.perf_counter() - t0
@@ -125,12 +124,11 @@ class TraceWriter:
 
     def _export(self, session: TraceSession, folder: str, raw_path: str) -> int:
         """Export to ``raw_path``; returns the file's size."""
-        if folder not in self._folders_ready:
+        if not os.path.isdir(folder):  # a hook may have moved or removed it since the last trace
             try:
                 os.makedirs(folder, exist_ok=True)
             except OSError as exc:
                 raise _ExportFailed(f"cannot create {folder!r}: {exc.strerror or exc}") from None
-            self._folders_ready.add(folder)
         prof = session.profile
         if prof is None:
             raise _ExportFailed("no profiler output to export")
@@ -142,6 +140,8 @@ class TraceWriter:
         size = _complete_size(raw_path)
         if not size:
             raise _ExportFailed(f"torch wrote no complete trace to {raw_path!r} (is the folder writable, the disk full?)")
+        if session.spans:
+            size = _add_thread_spans(raw_path, session.spans)
         return size
 
     def _compress(
@@ -225,6 +225,39 @@ class TraceWriter:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchstep_prof-gzip")
             return self._executor
+
+
+def _add_thread_spans(path: str, spans: list[tuple[str, int, int, int]]) -> int:
+    """Write other threads' regions into the trace at ``path``; returns its new size.
+
+    Only traces during which another thread entered a region pay for this rewrite.
+    """
+    with open(path, "rb") as f:
+        trace = json.load(f)
+    base_ns = int(trace.get("baseTimeNanoseconds") or 0)  # events' ts count from here, in µs
+    pid = os.getpid()
+    events = trace.setdefault("traceEvents", [])
+    for tid in sorted({span[1] for span in spans}):
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"thread {tid}"}})
+    for name, tid, start_ns, end_ns in spans:
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": name,
+                "pid": pid,
+                "tid": tid,
+                "ts": (start_ns - base_ns) / 1000,
+                "dur": (end_ns - start_ns) / 1000,
+                "args": {"recorded by": "torchstep_prof (a region of another thread)"},
+            }
+        )
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(trace, f)
+        return os.path.getsize(path)
+    except OSError as exc:
+        raise _ExportFailed(f"cannot add other threads' regions to the trace: {exc.strerror or exc}") from None
 
 
 def _complete_size(path: str) -> int:

@@ -13,7 +13,7 @@ from threading import get_ident as _get_ident
 from typing import Any, Callable, Optional, TypeVar
 
 from .engine import _RANGE_NAMES, CURRENT_STEP, ENGINE, range_name
-from .session import GuardedRange, new_range
+from .session import ThreadSpan, new_range
 from .naming import sanitize_label
 from .scopes import _ROOT, _STACK, current_frame
 from .selection import StepAction
@@ -100,8 +100,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             session.add_role(role)
         if session.owner_thread == _get_ident():
             return new_range(name)
-        ENGINE.other_threads_seen = True
-        return GuardedRange(name)
+        return ThreadSpan(session, name)
     if frame.idle:
         return _IDLE_REGION
     if frame is _ROOT:  # first region outside every scope: read the environment once

@@ -28,6 +28,7 @@ __all__ = ["TraceSession", "open_range", "profiler_kwargs"]
 
 FUSED_STAGE = "train"
 FUSED_DEFAULT_ROLE = "main"
+_MAX_FUSED_ROLE = 120
 METADATA_KEY = "torchstep_prof"
 
 try:  # A private torch API, ~10x cheaper than record_function; the public one is the fallback.
@@ -40,28 +41,27 @@ new_range: Any = _FastRange if _FastRange is not None else record_function
 """``new_range(name)``: a range for the running trace, as a context manager not yet entered."""
 
 
-class GuardedRange:
-    """A range for a region of another thread than the trace's owner.
+class ThreadSpan:
+    """A region of another thread than the trace's owner, while the trace records.
 
-    That thread may enter its range just as the owner stops the trace and leave it after the next
-    trace started: torch then raises ``self->guard INTERNAL ASSERT FAILED`` from the range's exit.
-    Nothing was recorded for it either way, so the exit swallows that one error.
+    torch records other threads only under its ``profile_all_threads`` option, which costs ~10%
+    on a small step, drops memory events, and crashes when threads open ranges while the
+    profiler stops. So such regions are timed here and written into the trace at export, as
+    ``user_annotation`` events on their own thread's track.
     """
 
-    __slots__ = ("_marker",)
+    __slots__ = ("_session", "_name", "_start_ns")
 
-    def __init__(self, name: str) -> None:
-        self._marker = new_range(name)
+    def __init__(self, session: TraceSession, name: str) -> None:
+        self._session = session
+        self._name = name
 
-    def __enter__(self) -> GuardedRange:
-        self._marker.__enter__()
+    def __enter__(self) -> ThreadSpan:
+        self._start_ns = time.time_ns()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        try:
-            self._marker.__exit__(None, None, None)
-        except RuntimeError:
-            pass
+        self._session.add_span(self._name, threading.get_native_id(), self._start_ns, time.time_ns())
 
 
 def open_range(name: str) -> Any:
@@ -81,9 +81,8 @@ _warned_no_cuda = False
 
 
 @functools.lru_cache(maxsize=32)
-def profiler_kwargs(contents: tuple[str, ...], all_threads: bool = False) -> dict[str, Any]:
-    """torch.profiler.profile arguments for a ``contents`` selection (CPU always); with
-    ``all_threads``, every thread's events (see ``other_threads_running``)."""
+def profiler_kwargs(contents: tuple[str, ...]) -> dict[str, Any]:
+    """torch.profiler.profile arguments for a ``contents`` selection (CPU always)."""
     global _warned_no_cuda
     activities = [ProfilerActivity.CPU]
     wants_cuda = "cuda" in contents or (not contents and _cuda_available())
@@ -103,39 +102,7 @@ def profiler_kwargs(contents: tuple[str, ...], all_threads: bool = False) -> dic
         "with_flops": "flops" in contents,
         "with_modules": "modules" in contents,
     }
-    # torch 2.13 records no [memory] events under profile_all_threads: with "memory", memory
-    # wins, and ranges of regions in other threads go unrecorded in such traces.
-    experimental = _all_threads_config() if all_threads and not kwargs["profile_memory"] else None
-    if experimental is not None:
-        kwargs["experimental_config"] = experimental
     return kwargs
-
-
-HELPER_THREAD_PREFIX = "torchstep_prof-"
-
-
-def other_threads_running() -> bool:
-    """Whether a Python thread besides this one (and our own helpers) is alive.
-
-    torch's ``profile_all_threads`` is what puts other threads' ranges into a trace, but it
-    costs ~10% on a small step: a process with one Python thread goes without it.
-    """
-    current = threading.current_thread()
-    return any(
-        thread is not current and not thread.name.startswith(HELPER_THREAD_PREFIX)
-        for thread in threading.enumerate()
-    )
-
-
-def _all_threads_config() -> Any:
-    # Without it Kineto records only the thread that started the profiler: a region entered in
-    # another thread while a trace is recorded would silently vanish from it.
-    try:
-        from torch._C._profiler import _ExperimentalConfig
-
-        return _ExperimentalConfig(profile_all_threads=True)
-    except (ImportError, TypeError):  # pragma: no cover - older torch
-        return None
 
 
 class TraceSession:
@@ -151,10 +118,8 @@ class TraceSession:
         action: StepAction,
         topology: Topology,
         hook_scope: Any,
-        all_threads: bool = True,
     ) -> None:
         self.config = config
-        self.all_threads = all_threads
         self.fused = role is None  # a step block owns it; regions inside add their roles
         self.owner_role = role
         self.owner_stage = stage
@@ -163,8 +128,7 @@ class TraceSession:
         self.topology = topology
         self.hook_scope = hook_scope
         self.roles: list[str] = [] if role is None else [role]
-        # Only the owner's thread starts and stops the profiler, so only its regions can use
-        # bare torch ranges (see GuardedRange).
+        # Regions of the owner's thread are torch ranges; other threads' are ThreadSpans.
         self.owner_thread = threading.get_ident()
         # The common nested case in one comparison: the owner's thread, no roles to collect.
         self.plain_thread = None if self.fused else self.owner_thread
@@ -175,6 +139,20 @@ class TraceSession:
         self.stop_s = 0.0
         self._profile: Optional[profile] = None
         self._ranges = contextlib.ExitStack()
+        self._spans: list[tuple[str, int, int, int]] = []  # other threads' regions (ThreadSpan)
+        self._spans_lock = threading.Lock()
+        self._stopped = False
+
+    def add_span(self, name: str, native_tid: int, start_ns: int, end_ns: int) -> None:
+        """Record a region of another thread (kept only if it ended while the trace recorded)."""
+        with self._spans_lock:
+            if not self._stopped:
+                self._spans.append((name, native_tid, start_ns, end_ns))
+
+    @property
+    def spans(self) -> list[tuple[str, int, int, int]]:
+        """Other threads' regions: (range name, native thread id, start and end in epoch ns)."""
+        return self._spans
 
     # --- labels -------------------------------------------------------------------------------
 
@@ -190,8 +168,15 @@ class TraceSession:
             return sanitize_label(self.owner_role or "", "role")
         if self.config.process_role is not None:
             return sanitize_label(self.config.process_role, "process_role")
-        labels = [sanitize_label(r, "role") for r in self.roles]
-        return "-".join(dict.fromkeys(labels)) or FUSED_DEFAULT_ROLE
+        labels = list(dict.fromkeys(sanitize_label(r, "role") for r in self.roles))
+        joined = "-".join(labels)
+        if len(joined) > _MAX_FUSED_ROLE:
+            # File names are limited to 255 bytes: keep the first roles, count the rest.
+            kept: list[str] = []
+            while labels and len("-".join(kept + labels[:1])) <= _MAX_FUSED_ROLE - 6:
+                kept.append(labels.pop(0))
+            joined = "-".join(kept) + f"+{len(labels)}-more"
+        return joined or FUSED_DEFAULT_ROLE
 
     @property
     def file_stage(self) -> str:
@@ -209,7 +194,7 @@ class TraceSession:
     def start(self) -> None:
         """Start torch's profiler and open the step and owner ranges. Raises if torch fails."""
         t0 = time.perf_counter()
-        prof = profile(**profiler_kwargs(self.config.contents, self.all_threads))
+        prof = profile(**profiler_kwargs(self.config.contents))
         prof.start()
         self._profile = prof
         try:
@@ -232,6 +217,8 @@ class TraceSession:
         t0 = time.perf_counter()
         self.wall_s = t0 - self._t0
         prof = self._profile
+        with self._spans_lock:
+            self._stopped = True
         try:
             self._ranges.close()
             if prof is not None and self.action is StepAction.RECORD:
