@@ -162,9 +162,8 @@ def test_reading_an_unchanged_environment_is_cheap(tmp_path: Path) -> None:
              "summary, process_role, ranks, all_ranks, contents, schedule, finish_hook)"],
         ),
         (
-            {ENV_CONFIG: "good.yaml", ENV_OVERRIDES: "schedule.steps=[2]"},
-            ["TORCHSTEP_PROF_OVERRIDES: schedule.wait: cannot be combined with an explicit steps list "
-             "(got 1; leave it at 0 or set steps to null)"],
+            {ENV_CONFIG: "good.yaml", ENV_OVERRIDES: "schedule.steps=[0]"},
+            ["TORCHSTEP_PROF_OVERRIDES: schedule.steps[0]: must be >= 1 (got 0)"],
         ),
     ],
 )
@@ -179,12 +178,25 @@ def test_a_bad_environment_names_its_variable(tmp_path: Path, monkeypatch: pytes
         assert [str(p) for p in info.value.problems] == expected
 
 
-def test_a_value_that_does_not_fit_the_code_config_fails_at_apply() -> None:
-    layer = read_environment({ENV_OVERRIDES: "finish_hook.timeout_s=5"})
+def test_hook_tuning_waits_for_a_config_with_a_hook() -> None:
+    # The layer is applied at every scope, also at those entered before the code's on_finish:
+    # tuning the code's hook must not fail there for want of a command.
+    layer = read_environment({ENV_OVERRIDES: "finish_hook.timeout_s=5 gzip=true"})
     assert layer.apply(CODE).finish_hook == FinishHookConfig(cmd="code-hook", timeout_s=5)
-    with pytest.raises(ConfigError) as info:
-        layer.apply(ProfilerConfig())
-    assert str(info.value) == "TORCHSTEP_PROF_OVERRIDES: finish_hook.cmd: required"
+    no_hook = layer.apply(ProfilerConfig())
+    assert no_hook.finish_hook is None and no_hook.gzip is True
+
+
+def test_an_environment_schedule_replaces_the_code_schedule_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The environment's word wins: an explicit list over the code's cycle, and a cycle over a list.
+    listed = read_environment({ENV_OVERRIDES: "schedule.steps=[2]"})
+    assert listed.apply(ProfilerConfig(schedule=ScheduleConfig(wait=1, active=2))).schedule == ScheduleConfig(steps=(2,))
+    cycled = read_environment({ENV_OVERRIDES: "schedule.active=3"})
+    assert cycled.apply(ProfilerConfig(schedule=ScheduleConfig(steps=(1, 3)))).schedule == ScheduleConfig(active=3)
+    monkeypatch.chdir(tmp_path)
+    Path("good.yaml").write_text("schedule: {wait: 1}\n")
+    both = read_environment({ENV_CONFIG: "good.yaml", ENV_OVERRIDES: "schedule.steps=[2]"})
+    assert both.apply(ProfilerConfig()).schedule == ScheduleConfig(steps=(2,))
 
 
 @pytest.mark.parametrize(

@@ -203,3 +203,37 @@ def test_parsed_overrides_are_reusable() -> None:
     assert apply_overrides(ProfilerConfig(), parsed) == first == apply_overrides(
         ProfilerConfig(), ["schedule={steps: [2]}", "ranks=[4]"])
     assert parsed[0].value == {"steps": [1]}
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "expected"),
+    [
+        ("finish_hook.cmd=echo #hi", ("finish_hook", "cmd"), "echo #hi"),  # not a YAML comment
+        ("finish_hook.cmd=upload a: b", ("finish_hook", "cmd"), "upload a: b"),
+        ("finish_hook.cmd=[echo, hi]", ("finish_hook", "cmd"), ("echo", "hi")),  # a list: no shell
+        ("save_path=on", ("save_path",), "on"),  # a folder, not True
+        ("save_path=~", ("save_path",), "~"),
+        ("save_path='quoted dir'", ("save_path",), "quoted dir"),
+        ("process_role=yes", ("process_role",), "yes"),
+        ("process_role=null", ("process_role",), None),
+    ],
+)
+def test_text_fields_keep_the_text_typed(override, field, expected) -> None:
+    cfg = apply_overrides(ProfilerConfig(), [override])
+    value = cfg
+    for name in field:
+        value = getattr(value, name)
+    assert value == expected
+
+
+def test_a_schedule_override_replaces_the_other_form_of_the_base_schedule() -> None:
+    cycle = ProfilerConfig(schedule=ScheduleConfig(wait=1, warmup=1, active=2))
+    assert apply_overrides(cycle, ["schedule.steps=[2]"]).schedule == ScheduleConfig(steps=(2,))
+    listed = ProfilerConfig(schedule=ScheduleConfig(steps=(1, 3)))
+    assert apply_overrides(listed, ["schedule.wait=2"]).schedule == ScheduleConfig(wait=2)
+    # Both forms in one list of overrides contradict each other: that is reported.
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(ProfilerConfig(), ["schedule.steps=[1]", "schedule.wait=1"])
+    assert str(info.value) == (
+        "schedule.wait: cannot be combined with an explicit steps list (got 1; leave it at 0 or set steps to null)"
+    )

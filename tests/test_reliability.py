@@ -4,6 +4,7 @@ workers or other threads misbehave. Every test also leaves no profiler running (
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import warnings
 
@@ -331,3 +332,49 @@ def test_a_foreign_profiler_already_running_gets_our_ranges_and_no_second_profil
 @pytest.mark.parametrize("category", [ProfilerStartWarning, ForeignProfilerWarning, TraceWriteWarning])
 def test_every_warning_can_be_filtered_with_one_class(category):
     assert issubclass(category, TorchstepProfWarning) and issubclass(category, UserWarning)
+
+
+def test_a_save_path_removed_between_traces_is_created_again(tmp_path):
+    folder = tmp_path / "profile"
+    with tsp.configure(save_path=str(folder), summary=False), tsp.schedule(steps=[1, 2]):
+        with tsp.step(1), tsp.profile_region("actor", "update"):
+            pass
+        shutil.rmtree(folder)  # an upload hook that ships and cleans the folder, say
+        with tsp.step(2), tsp.profile_region("actor", "update"):
+            pass
+    assert [parse_trace_name(p).step for p in trace_files(folder)] == [2]
+    assert all(r.ok for r in tsp.records().traces)
+
+
+def test_a_fused_step_with_many_roles_still_gets_a_file(save_dir):
+    roles = [f"worker-group-{i:02d}" for i in range(25)]
+    with tsp.configure(discrete=False), tsp.schedule(steps=[1]), tsp.step(1):
+        for role in roles:
+            with tsp.profile_region(role, "work"):
+                pass
+    (path,) = trace_files(save_dir)
+    assert len(path.name) < 255
+    assert parse_trace_name(path).role.startswith("worker-group-00-worker-group-01")
+    assert parse_trace_name(path).role.endswith("-more")
+
+
+def test_a_keyboard_interrupt_while_the_profiler_starts_leaves_profiling_usable(save_dir, monkeypatch):
+    from torchstep_prof.session import TraceSession
+
+    real_start = TraceSession.start
+    calls = []
+
+    def interrupted_once(self):
+        calls.append(self.step)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real_start(self)
+
+    monkeypatch.setattr(TraceSession, "start", interrupted_once)
+    with tsp.schedule(steps=[1, 2]):
+        with pytest.raises(KeyboardInterrupt):
+            with tsp.step(1), tsp.profile_region("actor", "update"):
+                pass
+        with tsp.step(2), tsp.profile_region("actor", "update"):
+            pass
+    assert [parse_trace_name(p).step for p in trace_files(save_dir)] == [2]

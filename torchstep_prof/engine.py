@@ -42,10 +42,13 @@ _RANGE_NAMES: dict[str, dict[str, str]] = {}
 
 def range_name(role: str, stage: str) -> str:
     """``<role>/<stage>`` made safe for torch's unescaped JSON (cached: regions repeat)."""
-    names = _RANGE_NAMES.setdefault(role, {})
-    name = names.get(stage)
+    names = _RANGE_NAMES.get(role)
+    name = names.get(stage) if names is not None else None
     if name is None:
-        name = names[stage] = range_label(f"{role}/{stage}")
+        # First sight of this pair under a schedule: a label that cannot name a file fails
+        # now, not hours later on the step that is profiled.
+        sanitize_label(role, "role"), sanitize_label(stage, "stage")
+        name = _RANGE_NAMES.setdefault(role, {})[stage] = range_label(f"{role}/{stage}")
     return name
 
 
@@ -106,7 +109,6 @@ class Engine:
             action = current.action if current.frame is frame else self.decide(frame, step)
         if action is StepAction.NONE:
             return None
-        sanitize_label(role, "role"), sanitize_label(stage, "stage")
         return self._start(frame, role, stage, step, action)
 
     def decide(self, frame: Frame, step: int) -> StepAction:
@@ -123,13 +125,15 @@ class Engine:
         return self._start(frame, None, None, number, action)
 
     def step_exited(self, frame: Frame, number: int) -> None:
-        """After a ``step`` block: finish the hook scope when this was its last selected step."""
+        """After a ``step`` block: finish every enclosing hook scope whose own schedule (the one
+        in force where its ``on_finish`` was entered) has just run its last selected step."""
         scope = frame.hook_scope
-        if scope is None or scope.finished:
-            return
-        last = last_selected_step(frame.config.schedule)
-        if last is not None and number >= last:
-            self.finish(scope)
+        while scope is not None:
+            if not scope.finished:
+                last = last_selected_step(scope.config.schedule)
+                if last is not None and number >= last:
+                    self.finish(scope)
+            scope = scope.parent
 
     def count(self, role: str, stage: str) -> int:
         """The next number of the per-process counter of (role, stage), from 1."""
@@ -171,7 +175,7 @@ class Engine:
         self.summary_wanted = frame.config.summary
         try:
             if not self.warmed:
-                self.warm_up(frame.config.contents)
+                self._warm_up_now(frame.config.contents)
             session.start()
         except BaseException as exc:
             with self.lock:
@@ -235,7 +239,21 @@ class Engine:
         """Pay torch.profiler's one-time start-up costs now, outside any step, instead of inside
         the first profiled one: ~1 s for the first start (torch imports torch._inductor), and
         the first recorded range, stop and export (lazy initialisation in Kineto)."""
-        if self.warmed or self.forked or torch.autograd._profiler_enabled():
+        if self.warmed or self.forked:
+            return
+        with self.lock:
+            if self.session is not None or self._busy:  # another thread is profiling: later
+                return
+            self._busy = True
+        try:
+            self._warm_up_now(contents)
+        finally:
+            with self.lock:
+                self._busy = False
+
+    def _warm_up_now(self, contents: tuple[str, ...]) -> None:
+        # The caller holds the engine's busy state: no other profiler starts or stops meanwhile.
+        if self.warmed or torch.autograd._profiler_enabled():
             return
         self.warmed = True
         t0 = time.perf_counter()
@@ -291,6 +309,7 @@ class Engine:
             return
         from .finishing import run_finish
 
+        self._ensure_atexit()  # a process that only ran a hook prints its summary too
         self.summary_wanted = scope.config.summary
         self.writer.flush()
         run_finish(scope)
@@ -307,6 +326,10 @@ class Engine:
             from .summary import print_summary_at_exit
 
             print_summary_at_exit(self.summary_wanted)
+
+    def ensure_atexit(self) -> None:
+        """Register the at-exit work (pending files, the environment's hook, the summary) once."""
+        self._ensure_atexit()
 
     def _ensure_atexit(self) -> None:
         if not self._atexit_registered:

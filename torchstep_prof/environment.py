@@ -78,13 +78,29 @@ class EnvironmentLayer:
         from .overrides import apply_overrides
 
         try:
-            result = apply_overrides(base, self.overrides)
+            result = apply_overrides(base, _fitting(base, self.overrides))
         except ConfigError as exc:
             raise _from_variable(exc, ENV_OVERRIDES) from None
         if len(self._applied) >= _MAX_CACHED_APPLIES:
             self._applied.clear()
         self._applied[base] = result
         return result
+
+
+def _fitting(base: ProfilerConfig, overrides: tuple[Override, ...]) -> tuple[Override, ...]:
+    """The overrides that apply to ``base``.
+
+    The layer is applied at every scope, also to those entered before the code's ``on_finish``
+    (no hook yet): overrides that only tune a hook's fields (``finish_hook.timeout_s=60``) wait
+    for a config that has one, instead of failing for want of a command.
+    """
+    tunes_hook = [o for o in overrides if o.path[0] == "finish_hook" and len(o.path) > 1]
+    makes_hook = any(
+        o.path[0] == "finish_hook" and (len(o.path) == 1 or o.path[1] == "cmd") for o in overrides
+    )
+    if base.finish_hook is not None or makes_hook or not tunes_hook:
+        return overrides
+    return tuple(o for o in overrides if not (o.path[0] == "finish_hook" and len(o.path) > 1))
 
 
 _EMPTY = EnvironmentLayer()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional, Tuple, Union
 
 import attrs
 
@@ -84,8 +84,10 @@ def apply_overrides(cfg: ProfilerConfig, overrides: Iterable[str | Override]) ->
         except ConfigError as exc:
             problems += exc.problems
     data = to_dict(cfg)
+    done: set[tuple[str, ...]] = set()
     for override in parsed:
-        _set(data, override)
+        _set(data, override, done)
+        done.add(override.path)
     try:
         result = from_dict(data, ProfilerConfig)
     except ConfigError as exc:
@@ -144,12 +146,44 @@ def _parse_value(text: str, path: tuple[str, ...], raw: str) -> Any:
         hint = "" if raw.lstrip()[:1] in ("[", "{", "'", '"') else "; to pass text, quote it: key='...'"
         raise ConfigError([Problem(".".join(path), f"override {text!r} has a value that is not "
                                                    f"valid YAML ({_yaml_reason(exc)}{hint})")]) from None
+    if _is_text_field(path) and not _looks_like_yaml_text(raw, path):
+        # `finish_hook.cmd=echo #hi` is a command, not `echo` and a YAML comment; `save_path=on`
+        # is a folder, not True.
+        return raw.strip()
     is_section = len(path) == 1 and schema(ProfilerConfig)[path[0]] is not None
     # YAML reads `echo a: b` as a mapping and `2024-01-01` as a date; where the schema has no
     # room for those, the user meant the text they typed.
     if isinstance(value, _dt.date) or (isinstance(value, dict) and not is_section):  # datetime too
         return raw.strip()
     return value
+
+
+def _field_type(path: tuple[str, ...]) -> Any:
+    cls: Any = ProfilerConfig
+    for segment in path[:-1]:
+        cls = schema(cls)[segment]
+    attrs.resolve_types(cls)  # the annotations are strings (PEP 563) until resolved
+    return attrs.fields_dict(cls)[path[-1]].type
+
+
+_TEXT = (str, Optional[str], Union[str, Tuple[str, ...]])
+
+
+def _is_text_field(path: tuple[str, ...]) -> bool:
+    """Fields whose value is text (``save_path``, ``process_role``, a hook's ``cmd``)."""
+    return _field_type(path) in _TEXT
+
+
+def _looks_like_yaml_text(raw: str, path: tuple[str, ...]) -> bool:
+    """Raw text that should still be read as YAML in a text field: a quoted string, ``null`` for
+    an optional field, a ``[...]`` list for a command."""
+    text = raw.strip()
+    if text[:1] in ("'", '"'):
+        return True
+    field_type = _field_type(path)
+    if field_type == Optional[str] and text in ("null", "~", "Null", "NULL", ""):
+        return True
+    return field_type == Union[str, Tuple[str, ...]] and text.startswith("[")
 
 
 def _yaml_reason(exc: Exception) -> str:
@@ -159,7 +193,26 @@ def _yaml_reason(exc: Exception) -> str:
     return f"{problem} at column {mark.column + 1}" if mark is not None else problem
 
 
-def _set(data: dict[str, Any], override: Override) -> None:
+# A schedule is an explicit list of steps or a cycle, never both (ScheduleConfig says so).
+_CYCLE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
+
+
+def _set(data: dict[str, Any], override: Override, done: set[tuple[str, ...]]) -> None:
+    """Apply ``override`` to ``data``; ``done`` holds the paths earlier overrides set."""
+    if override.path[0] == "schedule" and len(override.path) == 2 and isinstance(data.get("schedule"), dict):
+        # Overriding one form of the schedule replaces the other form where it came from the
+        # base config (the code's `schedule(wait=1, ...)` under `schedule.steps=[2]`); where
+        # an earlier override set it, the contradiction is the user's and is reported.
+        schedule = data["schedule"]
+        if override.path[1] == "steps" and override.value is not None:
+            replaced = _CYCLE_FIELDS
+        elif override.path[1] in _CYCLE_FIELDS:
+            replaced = ("steps",)
+        else:
+            replaced = ()
+        for field in replaced:
+            if ("schedule", field) not in done:
+                schedule.pop(field, None)
     *parents, last = override.path
     node = data
     for segment in parents:

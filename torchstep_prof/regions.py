@@ -107,6 +107,9 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
         frame = current_frame()
         if frame.idle:
             return _IDLE_REGION
+    known = _RANGE_NAMES.get(role)
+    if known is None or stage not in known:
+        range_name(role, stage)  # checks the labels once, whether or not this step is profiled
     if step is None:
         current = CURRENT_STEP.get(None)
         if current is not None:
@@ -183,6 +186,8 @@ def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:
         sanitize_label(stage, "stage")
 
     def decorate(fn: F) -> F:
+        if isinstance(fn, (classmethod, staticmethod)):  # @profiled above @classmethod
+            return type(fn)(decorate(fn.__func__))  # type: ignore[return-value]
         label = stage if stage is not None else getattr(fn, "__name__", None)
         if not isinstance(label, str):
             raise TypeError(f"@profiled needs stage= for {fn!r}, which has no __name__")

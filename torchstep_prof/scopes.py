@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import difflib
+import functools
+import inspect
 import itertools
 import os
 import threading
@@ -54,11 +56,14 @@ class HookScope:
         self.traces: list[str] = []
         self.roles: list[str] = []
         # Local ranks of one node must agree on which scope they finish, without talking to
-        # each other: the n-th scope with the same hook config in each process is the same one.
-        key = repr(config.finish_hook)
+        # each other: the n-th per-node hook scope of each process is the same one (SPEC.md:
+        # every local rank enters the same on_finish scopes). Not keyed on the command, which
+        # may well name the rank.
+        hook = config.finish_hook
+        key = "per-node" if hook is not None and hook.per_node else "local"
         with HookScope._ordinals_lock:
             counter = HookScope._ordinals.setdefault(key, itertools.count(1))
-            self.scope_id = f"{next(counter)}:{key}"
+            self.scope_id = f"{key}-{next(counter)}"
 
     def chain(self) -> Iterator[HookScope]:
         scope: Optional[HookScope] = self
@@ -176,9 +181,52 @@ def _frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: 
             if _ENV_HOOK_SCOPE is None:
                 _ENV_HOOK_SCOPE = HookScope(config, None)
             hook_scope = _ENV_HOOK_SCOPE
+        from .engine import ENGINE
+
+        ENGINE.ensure_atexit()  # "runs at interpreter exit at the latest", even with no trace
     else:
         hook_scope = None
     return Frame(config, hook_scope)
+
+
+class _Scope:
+    """What each scope function returns: a context manager, and a decorator of functions and
+    coroutine functions (contextlib's decorators would exit before a coroutine runs)."""
+
+    __slots__ = ("_fields", "_entered")
+
+    def __init__(self, fields: dict[str, Any] | ProfilerConfig) -> None:
+        if not isinstance(fields, ProfilerConfig):
+            _evolve(ProfilerConfig(), fields)  # a bad key or value fails at the call, not at entry
+        self._fields = fields
+        self._entered: list[contextlib.AbstractContextManager[ProfilerConfig]] = []  # re-entrant
+
+    def __enter__(self) -> ProfilerConfig:
+        scope = _pushed(self._fields)
+        config = scope.__enter__()
+        self._entered.append(scope)
+        return config
+
+    def __exit__(self, *exc_info: Any) -> Optional[bool]:
+        return self._entered.pop().__exit__(*exc_info)
+
+    def __call__(self, fn: Any) -> Any:
+        fields = self._fields
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_coroutine(*args: Any, **kwargs: Any) -> Any:
+                with _pushed(fields):
+                    return await fn(*args, **kwargs)
+
+            return run_coroutine
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with _pushed(fields):
+                return fn(*args, **kwargs)
+
+        return run
 
 
 @contextlib.contextmanager
@@ -264,7 +312,7 @@ def schedule(
         )
     except ConfigError as exc:  # name the key as the config file would: schedule.wait
         raise exc.under("schedule") from None
-    return _pushed({"schedule": config})
+    return _Scope({"schedule": config})
 
 
 def ranks(*ranks: Union[int, Sequence[int]], all_ranks: bool = False) -> contextlib.AbstractContextManager[ProfilerConfig]:
@@ -281,7 +329,7 @@ def ranks(*ranks: Union[int, Sequence[int]], all_ranks: bool = False) -> context
         chosen = tuple(ranks[0])
     if not chosen and not all_ranks:
         raise ConfigError([Problem("ranks", "name at least one rank, or pass all_ranks=True (got none)")])
-    return _pushed({"ranks": chosen or (0,), "all_ranks": all_ranks})
+    return _Scope({"ranks": chosen or (0,), "all_ranks": all_ranks})
 
 
 def contents(*items: str) -> contextlib.AbstractContextManager[ProfilerConfig]:
@@ -291,7 +339,7 @@ def contents(*items: str) -> contextlib.AbstractContextManager[ProfilerConfig]:
     >>> with tsp.contents("cpu", "shapes", "memory"):
     ...     pass
     """
-    return _pushed({"contents": items})
+    return _Scope({"contents": items})
 
 
 def on_finish(
@@ -322,7 +370,7 @@ def on_finish(
         )
     except ConfigError as exc:  # finish_hook.timeout_s, as the config file names it
         raise exc.under("finish_hook") from None
-    return _pushed({"finish_hook": hook})
+    return _Scope({"finish_hook": hook})
 
 
 def configure(
@@ -336,9 +384,9 @@ def configure(
     ...     pass
     """
     if config is None:
-        return _pushed(fields)
+        return _Scope(fields)
     if not isinstance(config, ProfilerConfig):
         from .config_files import load_config
 
         config = load_config(config)
-    return _pushed(_evolve(config, fields) if fields else config)
+    return _Scope(_evolve(config, fields) if fields else config)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name != f"{__name__}.{name}":
                 raise
-            continue  # a subcommand not written yet
+            continue  # pragma: no cover - a subcommand module missing from the install
         module.register(subparsers)
     return parser
 
@@ -35,7 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # `torchstep-prof summarize DIR | head`: the reader left; say nothing more, as cat does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a killed writer
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,87 @@
+"""When the finish hook runs in one process: which schedule ends it, and exit-time guarantees."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torchstep_prof as tsp
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def hook_appending_to(path: Path) -> str:
+    # Which step the hook ran after: the test writes it to "progress" before each step.
+    return f'cat "{path.parent / "progress"}" >> "{path}"'
+
+
+def run_steps(folder: Path, steps) -> None:
+    for n in steps:
+        (folder / "progress").write_text(f"after step {n - 1}\n")
+        with tsp.step(n), tsp.profile_region("actor", "update"):
+            pass
+
+
+def test_a_hook_entered_outside_the_schedules_waits_for_its_block(save_dir, tmp_path):
+    marker = tmp_path / "hook-ran"
+    with tsp.on_finish(hook_appending_to(marker)):
+        with tsp.schedule(steps=[1]):
+            run_steps(tmp_path, [1])
+        assert not marker.exists()  # phase A's last step does not end the outer scope's profiling
+        with tsp.schedule(steps=[1]):
+            run_steps(tmp_path, [1])
+        assert not marker.exists()
+    assert marker.read_text().count("after step") == 1
+
+
+def test_nested_hooks_each_end_with_their_own_schedule(save_dir, tmp_path):
+    outer, inner = tmp_path / "outer", tmp_path / "inner"
+    with tsp.schedule(steps=[1, 2]), tsp.on_finish(hook_appending_to(outer)):
+        with tsp.on_finish(hook_appending_to(inner)):
+            run_steps(tmp_path, [1, 2])
+            assert outer.read_text() == "after step 1\n"  # both ended at step 2's exit
+            assert inner.read_text() == "after step 1\n"
+        run_steps(tmp_path, [3])
+    assert outer.read_text() == "after step 1\n"  # once
+    assert [h.outcome for h in tsp.records().hooks] == ["ok", "ok"]
+
+
+def run_script(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(code))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**base, "PYTHONPATH": str(REPO), "COLUMNS": "200", **env},
+    )
+
+
+def test_an_environment_hook_runs_at_exit_on_a_rank_that_profiled_nothing(tmp_path):
+    marker = tmp_path / "env-hook-ran"
+    code = """
+        import torch
+        import torchstep_prof as tsp
+        for n in range(1, 3):
+            with tsp.profile_region("actor", "update"):   # no step blocks; this rank is not profiled
+                torch.ones(2).sum()
+        print("training done", flush=True)
+    """
+    overrides = f"schedule.steps=[1] ranks=[0] finish_hook.all_ranks=true 'finish_hook.cmd=touch {marker}'"
+    done = run_script(code, tmp_path, RANK="1", WORLD_SIZE="2", TORCHSTEP_PROF_OVERRIDES=overrides)
+    assert done.returncode == 0, done.stderr
+    assert marker.exists()
+    assert "hook on rank 1: ok" in done.stdout  # and the summary says so
+
+
+def test_a_process_that_only_ran_a_hook_prints_its_summary(tmp_path):
+    code = """
+        import torchstep_prof as tsp
+        with tsp.on_finish("true"):
+            pass
+    """
+    done = run_script(code, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "hook on rank 0: ok, exit code 0" in done.stdout

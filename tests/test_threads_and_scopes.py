@@ -1,0 +1,119 @@
+"""Regions in many threads, scopes as decorators, and labels checked before they are profiled."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from trace_helpers import find_range, load_trace, range_names, trace_files
+
+import torchstep_prof as tsp
+from torchstep_prof import parse_trace_name
+
+
+def test_many_threads_each_under_their_own_schedule_never_crash(tmp_path):
+    """Four threads, each with its own scopes and steps: one profiler at a time (the first to
+    start owns a trace; the others' regions are ranges in it or unprofiled while it stops), and
+    every file written is whole."""
+    folder = tmp_path / "profile"
+    errors = []
+
+    def worker(index: int) -> None:
+        try:
+            with tsp.schedule(steps=list(range(1, 25))), tsp.configure(save_path=str(folder), summary=False):
+                for n in range(1, 25):
+                    with tsp.step(n), tsp.profile_region(f"worker{index}", "step"):
+                        with tsp.profile_region(f"worker{index}", "inner"):
+                            torch.ones(64).sum()
+        except BaseException as exc:  # pragma: no cover - the failure being tested for
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    files = trace_files(folder)
+    assert files
+    for path in files:
+        trace = load_trace(path)  # whole JSON
+        owner = f"{parse_trace_name(path).role}/step"
+        assert owner in range_names(trace)
+
+
+def test_a_thread_started_inside_a_traced_region_is_a_range_in_the_trace(save_dir):
+    def work_in_a_thread() -> None:
+        with tsp.profile_region("loader", "prefetch"):  # no scope in this new thread
+            torch.ones(8).sum()
+
+    with tsp.schedule(steps=[1]), tsp.step(1), tsp.profile_region("actor", "update"):
+        thread = threading.Thread(target=work_in_a_thread)
+        thread.start()
+        thread.join()
+    (path,) = trace_files(save_dir)
+    trace = load_trace(path)
+    prefetch = find_range(trace, "loader/prefetch")
+    update = find_range(trace, "actor/update")
+    assert prefetch["tid"] != update["tid"]  # on its own thread's track
+    # Both on one clock: the thread's range lies within the owner's range.
+    assert update["ts"] <= prefetch["ts"] <= prefetch["ts"] + prefetch["dur"] <= update["ts"] + update["dur"] + 1
+
+
+def test_scopes_decorate_coroutine_functions(save_dir):
+    @tsp.schedule(steps=[1])
+    async def train() -> tsp.ProfilerConfig:
+        with tsp.step(1), tsp.profile_region("rollout", "generate"):
+            await asyncio.sleep(0)
+        return tsp.effective_config()
+
+    config = asyncio.run(train())
+    assert config.schedule == tsp.ScheduleConfig(steps=(1,))
+    assert [parse_trace_name(p).role for p in trace_files(save_dir)] == ["rollout"]
+    assert tsp.effective_config().schedule is None  # back outside
+
+
+def test_a_scope_object_can_be_entered_again_and_nested():
+    scope = tsp.schedule(steps=[2])
+    with scope:
+        with scope:
+            assert tsp.effective_config().schedule.steps == (2,)
+        assert tsp.effective_config().schedule.steps == (2,)
+    assert tsp.effective_config().schedule is None
+
+
+def test_bad_scope_values_fail_at_the_call():
+    with pytest.raises(tsp.ConfigError, match=r"contents: 'gpu' is not one of"):
+        tsp.contents("gpu")
+    with pytest.raises(tsp.ConfigError, match=r"ranks\[0\]: must be >= 0 \(got -1\)"):
+        tsp.ranks(-1)
+
+
+def test_profiled_works_above_classmethod_and_staticmethod(save_dir):
+    class Critic:
+        @tsp.profiled(role="critic")
+        @classmethod
+        def build(cls) -> str:
+            return cls.__name__
+
+        @tsp.profiled(role="critic")
+        @staticmethod
+        def score(x: int) -> int:
+            return x + 1
+
+    with tsp.schedule(steps=[1]), tsp.step(1):
+        assert Critic.build() == "Critic"
+        assert Critic.score(1) == 2
+    assert sorted(parse_trace_name(p).stage for p in trace_files(save_dir)) == ["build", "score"]
+
+
+def test_a_bad_label_fails_as_soon_as_a_schedule_is_in_force_not_only_on_a_profiled_step(save_dir):
+    with tsp.schedule(steps=[5]):
+        with tsp.step(1):  # not a profiled step, yet the label is checked
+            with pytest.raises(ValueError, match=r"role '__' has no character left after sanitizing"):
+                with tsp.profile_region("__", "update"):
+                    pass
+    with tsp.profile_region("__", "update"):  # no schedule: regions stay free, nothing checked
+        pass
