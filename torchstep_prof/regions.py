@@ -107,14 +107,18 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
         frame = current_frame()
         if frame.idle:
             return _IDLE_REGION
-    known = _RANGE_NAMES.get(role)
-    if known is None or stage not in known:
-        range_name(role, stage)  # checks the labels once, whether or not this step is profiled
     if step is None:
         current = CURRENT_STEP.get(None)
+        if current is not None and current.skip_frame is frame:
+            return _IDLE_REGION  # the step block decided: not this step, or not this rank
+    try:  # labels are checked the first time they are seen, whether or not the step is profiled
+        _RANGE_NAMES[role][stage]
+    except KeyError:
+        range_name(role, stage)
+    if step is None:
         if current is not None:
-            if current.skip_frame is frame:
-                return _IDLE_REGION  # the step block decided: not this step, or not this rank
+            if current.action is _NONE and current.frame is frame:
+                return _IDLE_REGION  # one of the first steps: labels checked, still skipped
         else:
             counter = ENGINE.counters.get((role, stage))
             step = next(counter) if counter is not None else ENGINE.count(role, stage)
@@ -152,7 +156,9 @@ class step:
         self._owned = None
         # Decided once per step: regions inside read it instead of re-deciding.
         self.action = _NONE if frame.idle else ENGINE.decide(frame, self.number)
-        self.skip_frame = frame if self.action is _NONE else None
+        # Regions of a skipped step return at once, except in the first steps a schedule sees:
+        # those take the full path once, so a bad label fails early, not on a profiled step.
+        self.skip_frame = frame if self.action is _NONE and frame.labels_seen_enough() else None
         self._token = CURRENT_STEP.set(self)
         if self.action is not _NONE and not frame.config.discrete:
             self._owned = ENGINE.enter_step(frame, self.number, self.action)

@@ -81,7 +81,7 @@ class HookScope:
 class Frame:
     """One entry of the scope stack (kept small: regions read ``idle`` on every entry)."""
 
-    __slots__ = ("config", "idle", "disabled", "hook_scope", "explicit_steps", "_rank_cache")
+    __slots__ = ("config", "idle", "disabled", "hook_scope", "explicit_steps", "_rank_cache", "_label_check_steps")
 
     def __init__(self, config: ProfilerConfig, hook_scope: Optional[HookScope]) -> None:
         self.config = config
@@ -92,6 +92,16 @@ class Frame:
         schedule = config.schedule
         self.explicit_steps = frozenset(schedule.steps) if schedule and schedule.steps is not None else None
         self._rank_cache: Optional[tuple[Any, bool]] = None
+        self._label_check_steps = 2
+
+    def labels_seen_enough(self) -> bool:
+        """Whether a skipped step under this frame may skip its regions' label check: after the
+        first two step blocks (a region seen in those is checked there; one first seen later is
+        checked when it runs a profiled step, a nested range or a counter)."""
+        if self._label_check_steps <= 0:
+            return True
+        self._label_check_steps -= 1
+        return False
 
     def rank_selected(self) -> bool:
         # Keyed on the process group: a rank changes only when torch.distributed initializes.
