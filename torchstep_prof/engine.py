@@ -202,6 +202,8 @@ class Engine:
                 )
             )
             return None
+        if role is not None and CURRENT_STEP.get(None) is not None:
+            session.plain_frame = frame  # regions nested here need no counter: see profile_region
         with self.lock:
             # Published only once torch's profiler runs: a region that sees it may open a range.
             self.session, self._busy = session, False

@@ -130,8 +130,10 @@ class TraceSession:
         self.roles: list[str] = [] if role is None else [role]
         # Regions of the owner's thread are torch ranges; other threads' are ThreadSpans.
         self.owner_thread = threading.get_ident()
-        # The common nested case in one comparison: the owner's thread, no roles to collect.
+        # The common nested case in two comparisons (see profile_region): the owner's thread and
+        # scopes, no roles to collect; set by the engine when the owner sits in a step block.
         self.plain_thread = None if self.fused else self.owner_thread
+        self.plain_frame: Any = None
         self.started_at = _dt.datetime.now(_dt.timezone.utc)
         self._t0 = 0.0
         self.wall_s = 0.0
