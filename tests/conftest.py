@@ -41,9 +41,8 @@ def _fresh_process_state(monkeypatch):
     _scopes.reset_root()
     _topology.forget_topology()
     yield
-    # torch.autograd._profiler_enabled() sees a profiler started on this thread the usual way;
-    # it does not see one started with profile_all_threads (as the engine starts its own), so
-    # the engine's record of a running session is checked too.
+    # torch.autograd._profiler_enabled() sees a profiler started on this thread; one started in
+    # another thread it does not, so the engine's record of a running session is checked too.
     leaked_torch = torch.autograd._profiler_enabled()
     leaked_session = _ENGINE.session
     if leaked_torch:  # stop it, so that one leak does not fail every later test too
