@@ -102,17 +102,20 @@ def print_summary(data: ProfilingRecords, console: Console | None = None) -> Non
 
     if console is None:
         # Piped to a log: no colour codes (rich's default), and wide enough not to fold file
-        # names (COLUMNS when set, else 120) rather than rich's 80.
+        # names (COLUMNS when set, else 160) rather than rich's 80.
         width = None if sys.stdout.isatty() else _log_width()
         console = Console(file=sys.stdout, width=width)
     console.print(render_summary(data))
+
+
+_LOG_WIDTH = 160  # a log line may be long; a folded file name is hard to copy
 
 
 def _log_width() -> int:
     try:
         return max(int(os.environ.get("COLUMNS", "")), 80)
     except ValueError:
-        return 120
+        return _LOG_WIDTH
 
 
 def print_summary_at_exit(wanted: bool) -> None:
