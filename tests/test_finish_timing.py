@@ -25,16 +25,29 @@ def run_steps(folder: Path, steps) -> None:
             pass
 
 
-def test_a_hook_entered_outside_the_schedules_waits_for_its_block(save_dir, tmp_path):
+def test_a_hook_entered_outside_the_schedule_runs_after_its_last_selected_step(save_dir, tmp_path):
+    # Scopes compose in any order: on_finish outside schedule ends with that schedule too.
     marker = tmp_path / "hook-ran"
-    with tsp.on_finish(hook_appending_to(marker)):
-        with tsp.schedule(steps=[1]):
-            run_steps(tmp_path, [1])
-        assert not marker.exists()  # phase A's last step does not end the outer scope's profiling
-        with tsp.schedule(steps=[1]):
-            run_steps(tmp_path, [1])
+    with tsp.on_finish(hook_appending_to(marker)), tsp.schedule(steps=[1, 2]):
+        run_steps(tmp_path, [1])
         assert not marker.exists()
-    assert marker.read_text().count("after step") == 1
+        run_steps(tmp_path, [2, 3])
+        assert marker.read_text() == "after step 1\n"  # right after step 2, not at block exit
+    assert marker.read_text() == "after step 1\n"  # once
+
+
+def test_an_environment_hook_runs_once_with_the_codes_on_finish_scope(tmp_path):
+    marker = tmp_path / "env-hook-ran"
+    code = """
+        import torchstep_prof as tsp
+        with tsp.schedule(steps=[1, 2]), tsp.on_finish("echo code hook"):
+            for n in (1, 2, 3):
+                with tsp.step(n), tsp.profile_region("actor", "update"):
+                    pass
+    """
+    done = run_script(code, tmp_path, TORCHSTEP_PROF_OVERRIDES=f"'finish_hook.cmd=echo ran >> {marker}'")
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "ran\n"  # the environment's command, on the code's scope, once
 
 
 def test_nested_hooks_each_end_with_their_own_schedule(save_dir, tmp_path):

@@ -113,8 +113,8 @@ BAD_OVERRIDES = [
          "(expected ',' or ']', but got '<stream end>' at column 5)"],
     ),
     (
-        ["finish_hook.cmd=@x"],
-        ["finish_hook.cmd: override 'finish_hook.cmd=@x' has a value that is not valid YAML "
+        ["schedule.wait=@x"],
+        ["schedule.wait: override 'schedule.wait=@x' has a value that is not valid YAML "
          "(found character '@' that cannot start any token at column 1; to pass text, quote it: key='...')"],
     ),
     (["=3"], ["override '=3' has an empty key (expected key=value)"]),
@@ -212,6 +212,10 @@ def test_parsed_overrides_are_reusable() -> None:
         ("finish_hook.cmd=upload a: b", ("finish_hook", "cmd"), "upload a: b"),
         ("finish_hook.cmd=[echo, hi]", ("finish_hook", "cmd"), ("echo", "hi")),  # a list: no shell
         ("save_path=on", ("save_path",), "on"),  # a folder, not True
+        ("save_path=@runs", ("save_path",), "@runs"),
+        ("finish_hook.cmd='/opt/my tools/up' --dir x", ("finish_hook", "cmd"), "'/opt/my tools/up' --dir x"),
+        ("finish_hook.cmd=[ -d /x ] && upload", ("finish_hook", "cmd"), "[ -d /x ] && upload"),
+        ("finish_hook.cmd=`which up`", ("finish_hook", "cmd"), "`which up`"),
         ("save_path=~", ("save_path",), "~"),
         ("save_path='quoted dir'", ("save_path",), "quoted dir"),
         ("process_role=yes", ("process_role",), "yes"),

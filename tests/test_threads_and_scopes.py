@@ -117,3 +117,101 @@ def test_a_bad_label_fails_as_soon_as_a_schedule_is_in_force_not_only_on_a_profi
                     pass
     with tsp.profile_region("__", "update"):  # no schedule: regions stay free, nothing checked
         pass
+
+
+def test_one_scope_object_entered_in_two_threads_exits_each_its_own(tmp_path):
+    shared = tsp.schedule(steps=[1])
+    barrier = threading.Barrier(2)
+    seen, errors = [], []
+
+    def worker() -> None:
+        try:
+            with shared:
+                barrier.wait()  # both inside at once
+                seen.append(tsp.effective_config().schedule.steps)
+                barrier.wait()
+            seen.append(tsp.effective_config().schedule)
+        except BaseException as exc:  # pragma: no cover - the failure being tested for
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(map(str, seen)) == sorted(["(1,)", "(1,)", "None", "None"])
+
+
+def test_one_scope_object_in_two_asyncio_tasks():
+    shared = tsp.configure(gzip=True)
+
+    async def task(delay: float) -> tuple:
+        with shared:
+            inside = tsp.effective_config().gzip
+            await asyncio.sleep(delay)
+        return inside, tsp.effective_config().gzip
+
+    async def main() -> list:
+        return await asyncio.gather(task(0.02), task(0.0))
+
+    assert asyncio.run(main()) == [(True, False), (True, False)]
+
+
+def test_scopes_refuse_to_decorate_generator_functions():
+    with pytest.raises(TypeError, match="cannot decorate the generator"):
+
+        @tsp.schedule(steps=[1])
+        def batches():
+            yield 1
+
+
+def test_a_thread_region_still_open_when_the_trace_stops_is_cut_off_there(save_dir):
+    started, release = threading.Event(), threading.Event()
+
+    def slow_worker() -> None:
+        with tsp.profile_region("loader", "slow"):
+            started.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=slow_worker)
+    with tsp.schedule(steps=[1]), tsp.step(1), tsp.profile_region("actor", "update"):
+        thread.start()
+        started.wait(10)
+    release.set()
+    thread.join()
+    (path,) = trace_files(save_dir)
+    trace = load_trace(path)
+    slow, update = find_range(trace, "loader/slow"), find_range(trace, "actor/update")
+    assert slow["ts"] + slow["dur"] <= update["ts"] + update["dur"] + 1000  # ends at the stop
+
+
+def test_a_selected_step_waits_for_another_threads_warm_up_instead_of_being_lost(tmp_path, monkeypatch):
+    from torchstep_prof.engine import ENGINE
+
+    monkeypatch.setattr(ENGINE, "warmed", False)
+    folder = tmp_path / "profile"
+    warming = threading.Event()
+    real = ENGINE._warm_up_now
+
+    def slow_warm_up(contents):
+        warming.set()
+        import time
+
+        time.sleep(0.5)
+        real(contents)
+
+    monkeypatch.setattr(ENGINE, "_warm_up_now", slow_warm_up)
+
+    def enter_a_scope() -> None:
+        with tsp.schedule(steps=[1]):  # pays the warm-up in this thread
+            pass
+
+    other = threading.Thread(target=enter_a_scope)
+    other.start()
+    warming.wait(10)
+    with tsp.configure(save_path=str(folder), summary=False), tsp.schedule(steps=[1]):
+        with tsp.step(1), tsp.profile_region("actor", "selected"):
+            pass
+    other.join()
+    assert [parse_trace_name(p).stage for p in trace_files(folder)] == ["selected"]

@@ -68,6 +68,7 @@ class _OwnedTrace:
 class Engine:
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self._idle = threading.Condition(self.lock)  # notified when _busy clears
         self.session: Optional[TraceSession] = None  # the trace recording now, if any
         # A thread is starting, stopping or exporting torch's profiler (under self.lock): Kineto
         # crashes when one thread starts a profiler while another stops one.
@@ -125,12 +126,13 @@ class Engine:
         return self._start(frame, None, None, number, action)
 
     def step_exited(self, frame: Frame, number: int) -> None:
-        """After a ``step`` block: finish every enclosing hook scope whose own schedule (the one
-        in force where its ``on_finish`` was entered) has just run its last selected step."""
+        """After a ``step`` block: finish every enclosing hook scope whose schedule has just run
+        its last selected step: the schedule in force where its ``on_finish`` was entered, or,
+        for an ``on_finish`` entered outside any schedule, the one in force at this step."""
         scope = frame.hook_scope
         while scope is not None:
             if not scope.finished:
-                last = last_selected_step(scope.config.schedule)
+                last = last_selected_step(scope.config.schedule or frame.config.schedule)
                 if last is not None and number >= last:
                     self.finish(scope)
             scope = scope.parent
@@ -160,8 +162,12 @@ class Engine:
             hook_scope=frame.hook_scope,
         )
         with self.lock:
-            running, busy = self.session, self._busy
-            if running is None and not busy:
+            # Another thread starting, stopping or warming up a profiler: wait for it (a few ms,
+            # ~1 s for a warm-up) rather than lose this selected step's trace.
+            while self._busy and self.session is None:
+                self._idle.wait()
+            running = self.session
+            if running is None:
                 self._busy = True
         if running is not None:  # another thread's trace is recording: be a range in it
             if role is None:
@@ -169,8 +175,6 @@ class Engine:
             if running.fused:
                 running.add_role(role)
             return ThreadSpan(running, range_name(role, stage or "")).__enter__()
-        if busy:  # another thread is starting or stopping one right now: nothing to join
-            return None
         self._ensure_atexit()
         self.summary_wanted = frame.config.summary
         try:
@@ -178,8 +182,7 @@ class Engine:
                 self._warm_up_now(frame.config.contents)
             session.start()
         except BaseException as exc:
-            with self.lock:
-                self._busy = False
+            self._set_idle()
             if not isinstance(exc, Exception):  # KeyboardInterrupt: nothing left half-started
                 raise
             label = f"{role}/{stage}" if role is not None else "fused trace"
@@ -207,6 +210,7 @@ class Engine:
         with self.lock:
             # Published only once torch's profiler runs: a region that sees it may open a range.
             self.session, self._busy = session, False
+            self._idle.notify_all()
         return _OwnedTrace(self, session)
 
     def stop_session(self, session: TraceSession) -> None:
@@ -234,8 +238,12 @@ class Engine:
         except Exception as exc:  # never let profiling replace the user's exception or result
             self._warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", TorchstepProfWarning)
         finally:
-            with self.lock:
-                self._busy = False
+            self._set_idle()
+
+    def _set_idle(self) -> None:
+        with self.lock:
+            self._busy = False
+            self._idle.notify_all()
 
     def warm_up(self, contents: tuple[str, ...] = ()) -> None:
         """Pay torch.profiler's one-time start-up costs now, outside any step, instead of inside
@@ -250,8 +258,7 @@ class Engine:
         try:
             self._warm_up_now(contents)
         finally:
-            with self.lock:
-                self._busy = False
+            self._set_idle()
 
     def _warm_up_now(self, contents: tuple[str, ...]) -> None:
         # The caller holds the engine's busy state: no other profiler starts or stops meanwhile.
@@ -350,6 +357,7 @@ class Engine:
         self.session = None
         self._busy = False
         self.lock = threading.Lock()
+        self._idle = threading.Condition(self.lock)
         self.writer.forget_after_fork()
 
 

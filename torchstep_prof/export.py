@@ -15,6 +15,7 @@ import gzip
 import json
 import itertools
 import os
+import re
 import shutil
 import threading
 import time
@@ -227,37 +228,65 @@ class TraceWriter:
             return self._executor
 
 
+_BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
+_HEAD_BYTES = 1 << 16
+_TAIL_BYTES = 1 << 16
+
+
 def _add_thread_spans(path: str, spans: list[tuple[str, int, int, int]]) -> int:
     """Write other threads' regions into the trace at ``path``; returns its new size.
 
-    Only traces during which another thread entered a region pay for this rewrite.
+    Only traces during which another thread entered a region pay for this. The events are
+    spliced in before the end of torch's ``traceEvents`` array (the file's tail is rewritten,
+    not the file), falling back to a full parse when the file does not look as torch writes it.
     """
-    with open(path, "rb") as f:
-        trace = json.load(f)
-    base_ns = int(trace.get("baseTimeNanoseconds") or 0)  # events' ts count from here, in µs
-    pid = os.getpid()
-    events = trace.setdefault("traceEvents", [])
-    for tid in sorted({span[1] for span in spans}):
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"thread {tid}"}})
-    for name, tid, start_ns, end_ns in spans:
-        events.append(
-            {
-                "ph": "X",
-                "cat": "user_annotation",
-                "name": name,
-                "pid": pid,
-                "tid": tid,
-                "ts": (start_ns - base_ns) / 1000,
-                "dur": (end_ns - start_ns) / 1000,
-                "args": {"recorded by": "torchstep_prof (a region of another thread)"},
-            }
-        )
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(trace, f)
-        return os.path.getsize(path)
-    except OSError as exc:
-        raise _ExportFailed(f"cannot add other threads' regions to the trace: {exc.strerror or exc}") from None
+        with open(path, "r+b") as f:
+            head = f.read(_HEAD_BYTES)
+            size = f.seek(0, os.SEEK_END)
+            tail_start = max(0, size - _TAIL_BYTES)
+            f.seek(tail_start)
+            tail = f.read()
+            base = _BASE_TIME.search(head)
+            # torch ends the file with `...}\n  ],"traceName": "<path>" }`: the `]` before the
+            # last "traceName" key closes traceEvents.
+            trace_name = tail.rfind(b'"traceName"')
+            end_of_events = tail.rfind(b"]", 0, trace_name) if trace_name > 0 else -1
+            before = tail[:end_of_events].rstrip() if end_of_events > 0 else b""
+            if base is None or not before.endswith(b"}"):
+                return _rewrite_with_spans(path, spans)
+            events = b"".join(b",\n" + _span_json(span, int(base.group(1))) for span in spans)
+            f.seek(tail_start + end_of_events)
+            f.write(events + tail[end_of_events:])
+            f.truncate()
+            return f.tell()
+    except (OSError, ValueError) as exc:
+        raise _ExportFailed(f"cannot add other threads' regions to the trace: {exc}") from None
+
+
+def _span_json(span: tuple[str, int, int, int], base_ns: int) -> bytes:
+    name, tid, start_ns, end_ns = span
+    event = {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": name,
+        "pid": os.getpid(),
+        "tid": tid,
+        "ts": (start_ns - base_ns) / 1000,  # torch's events count µs from baseTimeNanoseconds
+        "dur": (end_ns - start_ns) / 1000,
+        "args": {"recorded by": "torchstep_prof (a region of another thread)"},
+    }
+    return json.dumps(event).encode()
+
+
+def _rewrite_with_spans(path: str, spans: list[tuple[str, int, int, int]]) -> int:
+    with open(path, "rb") as f:
+        trace = json.load(f)  # ValueError for a file torch wrote unescaped: the caller reports it
+    base_ns = int(trace.get("baseTimeNanoseconds") or 0)
+    trace.setdefault("traceEvents", []).extend(json.loads(_span_json(span, base_ns)) for span in spans)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(trace, f)
+    return os.path.getsize(path)
 
 
 def _complete_size(path: str) -> int:

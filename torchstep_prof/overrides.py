@@ -139,6 +139,8 @@ def _section_keys() -> list[str]:
 def _parse_value(text: str, path: tuple[str, ...], raw: str) -> Any:
     import yaml  # only when overrides are used: PyYAML costs more than the config model
 
+    if _is_text_field(path):
+        return _text_value(raw, path)
     try:
         value = parse_yaml(raw)
     except yaml.YAMLError as exc:
@@ -146,16 +148,31 @@ def _parse_value(text: str, path: tuple[str, ...], raw: str) -> Any:
         hint = "" if raw.lstrip()[:1] in ("[", "{", "'", '"') else "; to pass text, quote it: key='...'"
         raise ConfigError([Problem(".".join(path), f"override {text!r} has a value that is not "
                                                    f"valid YAML ({_yaml_reason(exc)}{hint})")]) from None
-    if _is_text_field(path) and not _looks_like_yaml_text(raw, path):
-        # `finish_hook.cmd=echo #hi` is a command, not `echo` and a YAML comment; `save_path=on`
-        # is a folder, not True.
-        return raw.strip()
     is_section = len(path) == 1 and schema(ProfilerConfig)[path[0]] is not None
-    # YAML reads `echo a: b` as a mapping and `2024-01-01` as a date; where the schema has no
-    # room for those, the user meant the text they typed.
+    # YAML reads `2024-01-01` as a date and `a: b` as a mapping; where the schema has no room
+    # for those, the user meant the text they typed.
     if isinstance(value, _dt.date) or (isinstance(value, dict) and not is_section):  # datetime too
         return raw.strip()
     return value
+
+
+def _text_value(raw: str, path: tuple[str, ...]) -> Any:
+    """A text field's value: the text typed (`finish_hook.cmd=echo #hi` is that command,
+    `save_path=on` that folder, `cmd='/opt/my tools/up' --all` that shell line), except a
+    whole quoted string (unquoted), ``null`` for an optional field, and a ``[...]`` list for a
+    command (run without a shell)."""
+    text = raw.strip()
+    field_type = _field_type(path)
+    if field_type == Optional[str] and text in ("null", "~", "Null", "NULL", ""):
+        return None
+    if text[:1] in ("'", '"') or (field_type == Union[str, Tuple[str, ...]] and text.startswith("[")):
+        try:
+            value = parse_yaml(text)
+        except Exception:  # not one YAML value: the shell line it looks like
+            return text
+        if isinstance(value, str) or (isinstance(value, list) and text.startswith("[")):
+            return value
+    return text
 
 
 def _field_type(path: tuple[str, ...]) -> Any:
@@ -172,18 +189,6 @@ _TEXT = (str, Optional[str], Union[str, Tuple[str, ...]])
 def _is_text_field(path: tuple[str, ...]) -> bool:
     """Fields whose value is text (``save_path``, ``process_role``, a hook's ``cmd``)."""
     return _field_type(path) in _TEXT
-
-
-def _looks_like_yaml_text(raw: str, path: tuple[str, ...]) -> bool:
-    """Raw text that should still be read as YAML in a text field: a quoted string, ``null`` for
-    an optional field, a ``[...]`` list for a command."""
-    text = raw.strip()
-    if text[:1] in ("'", '"'):
-        return True
-    field_type = _field_type(path)
-    if field_type == Optional[str] and text in ("null", "~", "Null", "NULL", ""):
-        return True
-    return field_type == Union[str, Tuple[str, ...]] and text.startswith("[")
 
 
 def _yaml_reason(exc: Exception) -> str:

@@ -183,6 +183,12 @@ def _frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: 
     config = code_config if layer.is_empty else layer.apply(code_config)
     parent_hook = parent.hook_scope if parent is not None else None
     if sets_hook and config.finish_hook is not None:
+        if parent_hook is not None and parent_hook is _ENV_HOOK_SCOPE:
+            # The environment's hook now rides on the code's on_finish scope (the environment's
+            # command wins there): it runs once, with that scope, not again at exit.
+            with parent_hook.lock:
+                parent_hook.finished = True
+            parent_hook = None
         hook_scope: Optional[HookScope] = HookScope(config, parent_hook)
     elif parent_hook is not None:
         hook_scope = parent_hook
@@ -199,29 +205,45 @@ def _frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: 
     return Frame(config, hook_scope)
 
 
+# The entries of _Scope objects in this context (scope, its entered manager), innermost last:
+# kept per context so that one scope object entered in two threads or tasks exits each its own.
+_ENTERED: contextvars.ContextVar[tuple[tuple[Any, Any], ...]] = contextvars.ContextVar(
+    "torchstep_prof_entered_scopes", default=()
+)
+
+
 class _Scope:
     """What each scope function returns: a context manager, and a decorator of functions and
     coroutine functions (contextlib's decorators would exit before a coroutine runs)."""
 
-    __slots__ = ("_fields", "_entered")
+    __slots__ = ("_fields",)
 
     def __init__(self, fields: dict[str, Any] | ProfilerConfig) -> None:
         if not isinstance(fields, ProfilerConfig):
             _evolve(ProfilerConfig(), fields)  # a bad key or value fails at the call, not at entry
         self._fields = fields
-        self._entered: list[contextlib.AbstractContextManager[ProfilerConfig]] = []  # re-entrant
 
     def __enter__(self) -> ProfilerConfig:
-        scope = _pushed(self._fields)
-        config = scope.__enter__()
-        self._entered.append(scope)
+        entered = _pushed(self._fields)
+        config = entered.__enter__()
+        _ENTERED.set(_ENTERED.get() + ((self, entered),))
         return config
 
     def __exit__(self, *exc_info: Any) -> Optional[bool]:
-        return self._entered.pop().__exit__(*exc_info)
+        stack = _ENTERED.get()
+        for index in range(len(stack) - 1, -1, -1):
+            if stack[index][0] is self:
+                _ENTERED.set(stack[:index] + stack[index + 1 :])
+                return stack[index][1].__exit__(*exc_info)
+        raise RuntimeError("torchstep_prof: a scope was exited in a context that did not enter it")
 
     def __call__(self, fn: Any) -> Any:
         fields = self._fields
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(
+                f"a torchstep_prof scope cannot decorate the generator {fn.__qualname__}: its body "
+                "runs after the call returns. Use the scope as a `with` block inside it."
+            )
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)

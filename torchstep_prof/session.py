@@ -50,18 +50,18 @@ class ThreadSpan:
     ``user_annotation`` events on their own thread's track.
     """
 
-    __slots__ = ("_session", "_name", "_start_ns")
+    __slots__ = ("_session", "_name")
 
     def __init__(self, session: TraceSession, name: str) -> None:
         self._session = session
         self._name = name
 
     def __enter__(self) -> ThreadSpan:
-        self._start_ns = time.time_ns()
+        self._session.open_span(self, self._name, threading.get_native_id(), time.time_ns())
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._session.add_span(self._name, threading.get_native_id(), self._start_ns, time.time_ns())
+        self._session.close_span(self, time.time_ns())
 
 
 def open_range(name: str) -> Any:
@@ -142,14 +142,22 @@ class TraceSession:
         self._profile: Optional[profile] = None
         self._ranges = contextlib.ExitStack()
         self._spans: list[tuple[str, int, int, int]] = []  # other threads' regions (ThreadSpan)
+        self._open_spans: dict[Any, tuple[str, int, int]] = {}
         self._spans_lock = threading.Lock()
         self._stopped = False
 
-    def add_span(self, name: str, native_tid: int, start_ns: int, end_ns: int) -> None:
-        """Record a region of another thread (kept only if it ended while the trace recorded)."""
+    def open_span(self, key: Any, name: str, native_tid: int, start_ns: int) -> None:
+        """A region of another thread began (see ThreadSpan)."""
         with self._spans_lock:
             if not self._stopped:
-                self._spans.append((name, native_tid, start_ns, end_ns))
+                self._open_spans[key] = (name, native_tid, start_ns)
+
+    def close_span(self, key: Any, end_ns: int) -> None:
+        """It ended; one still open when the trace stops is cut off there, as torch does."""
+        with self._spans_lock:
+            opened = self._open_spans.pop(key, None)
+            if opened is not None and not self._stopped:
+                self._spans.append((*opened, end_ns))
 
     @property
     def spans(self) -> list[tuple[str, int, int, int]]:
@@ -221,6 +229,9 @@ class TraceSession:
         prof = self._profile
         with self._spans_lock:
             self._stopped = True
+            stop_ns = time.time_ns()
+            self._spans.extend((*opened, stop_ns) for opened in self._open_spans.values())
+            self._open_spans.clear()
         try:
             self._ranges.close()
             if prof is not None and self.action is StepAction.RECORD:
