@@ -26,7 +26,7 @@ from .naming import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
 from .scopes import Frame, HookScope, env_hook_scope
 from .selection import StepAction, last_selected_step, selected_steps
-from .session import ThreadSpan, TraceSession, new_range, open_range, profiler_kwargs
+from .session import NESTED_FAST_PATH, ThreadSpan, TraceSession, new_range, open_range, profiler_kwargs
 from .topology import current_topology
 from .export import TraceWriter
 
@@ -205,11 +205,12 @@ class Engine:
                 )
             )
             return None
-        if role is not None and CURRENT_STEP.get(None) is not None:
-            session.plain_frame = frame  # regions nested here need no counter: see profile_region
         with self.lock:
             # Published only once torch's profiler runs: a region that sees it may open a range.
             self.session, self._busy = session, False
+            if role is not None and CURRENT_STEP.get(None) is not None:
+                # Regions nested here, in this thread, need no counter and no checks.
+                NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
             self._idle.notify_all()
         return _OwnedTrace(self, session)
 
@@ -220,6 +221,7 @@ class Engine:
             # no other thread starts a profiler until this one is stopped and exported.
             if self.session is session:
                 self.session = None
+                NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None
             self._busy = True
         try:
             try:
@@ -355,6 +357,7 @@ class Engine:
         # write nothing, run no hook and print no summary.
         self.forked = True
         self.session = None
+        NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None
         self._busy = False
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)

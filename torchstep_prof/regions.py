@@ -13,6 +13,7 @@ from threading import get_ident as _get_ident
 from typing import Any, Callable, Optional, TypeVar
 
 from .engine import _RANGE_NAMES, CURRENT_STEP, ENGINE, range_name
+from .session import NESTED_FAST_PATH as _NESTED
 from .session import ThreadSpan, new_range
 from .naming import sanitize_label
 from .scopes import _ROOT, _STACK, current_frame
@@ -83,16 +84,16 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
     # and two attributes. Inside a running trace: the range object itself, entered by the
     # caller's `with` (torch's C methods, no Python frame of ours around it).
     frame = _STACK.get(_ROOT)
+    if frame is _NESTED.frame and _NESTED.thread == _get_ident():
+        # The common case inside a trace, in as few steps as possible: a region nested in a
+        # discrete trace, in the owner's thread, under its scopes and step (nothing to count).
+        try:
+            return new_range(_RANGE_NAMES[role][stage])
+        except KeyError:
+            pass
     session = ENGINE.session
     if session is not None:
         # Any thread or task: while a trace records, a region is a range in it.
-        if frame is session.plain_frame and session.plain_thread == _get_ident():
-            # The common case, in as few steps as possible: a region nested in a discrete trace,
-            # in the owner's thread, under the owner's scopes and step (nothing to count).
-            try:
-                return new_range(_RANGE_NAMES[role][stage])
-            except KeyError:
-                pass
         if frame.disabled:
             return _IDLE_REGION
         if step is None and not frame.idle and CURRENT_STEP.get(None) is None:

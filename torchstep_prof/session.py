@@ -41,6 +41,21 @@ new_range: Any = _FastRange if _FastRange is not None else record_function
 """``new_range(name)``: a range for the running trace, as a context manager not yet entered."""
 
 
+class NestedFastPath:
+    """Where a region may skip every check and be a bare torch range: under ``frame`` (the
+    owner's scopes, inside its step block) in ``thread`` (the owner's), while a discrete trace
+    records. Set by the engine when it publishes such a trace, cleared before it stops."""
+
+    __slots__ = ("frame", "thread")
+
+    def __init__(self) -> None:
+        self.frame: Any = None
+        self.thread: Optional[int] = None
+
+
+NESTED_FAST_PATH = NestedFastPath()
+
+
 class ThreadSpan:
     """A region of another thread than the trace's owner, while the trace records.
 
@@ -130,10 +145,8 @@ class TraceSession:
         self.roles: list[str] = [] if role is None else [role]
         # Regions of the owner's thread are torch ranges; other threads' are ThreadSpans.
         self.owner_thread = threading.get_ident()
-        # The common nested case in two comparisons (see profile_region): the owner's thread and
-        # scopes, no roles to collect; set by the engine when the owner sits in a step block.
+        # The owner's thread of a discrete trace: no roles to collect (see profile_region).
         self.plain_thread = None if self.fused else self.owner_thread
-        self.plain_frame: Any = None
         self.started_at = _dt.datetime.now(_dt.timezone.utc)
         self._t0 = 0.0
         self.wall_s = 0.0
