@@ -378,3 +378,20 @@ def test_a_keyboard_interrupt_while_the_profiler_starts_leaves_profiling_usable(
         with tsp.step(2), tsp.profile_region("actor", "update"):
             pass
     assert [parse_trace_name(p).step for p in trace_files(save_dir)] == [2]
+
+
+def test_very_long_labels_still_get_a_file_named_within_the_limit(save_dir):
+    role, stage = "r" * 200, "s" * 300
+    with tsp.schedule(steps=[1]), tsp.step(1), tsp.profile_region(role, stage):
+        pass
+    with tsp.configure(discrete=False), tsp.schedule(steps=[2]), tsp.step(2), tsp.profile_region("x" * 150, "y"):
+        pass
+    files = trace_files(save_dir)
+    assert len(files) == 2
+    for path in files:
+        assert len(path.name) < 255
+        name = parse_trace_name(path)
+        assert len(name.role) <= 100 and len(name.stage) <= 80
+    discrete = [parse_trace_name(p) for p in files if parse_trace_name(p).step == 1][0]
+    assert discrete.role.startswith("r" * 70) and "+" in discrete.role  # start kept, hash added
+    assert all(r.ok for r in tsp.records().traces)

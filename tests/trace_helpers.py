@@ -161,4 +161,7 @@ def owner_range_name(path: str | os.PathLike[str], trace: Trace) -> Optional[str
 
 
 def _sanitized(label: str) -> str:
-    return re.sub(r"[^0-9A-Za-z.=+\-]+", "-", label).strip("-.")
+    # As file names write labels: sanitized, and long ones fitted (start kept, hash added).
+    from torchstep_prof.naming import fit_label
+
+    return fit_label(re.sub(r"[^0-9A-Za-z.=+\-]+", "-", label).strip("-."))

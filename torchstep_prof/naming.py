@@ -8,6 +8,7 @@ gzipped, ``_part<i>`` before the extension when the name was taken). Labels are 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import os
 import re
 
@@ -16,6 +17,7 @@ import attrs
 __all__ = [
     "TraceName",
     "build_trace_name",
+    "fit_label",
     "parse_trace_name",
     "range_label",
     "sanitize_label",
@@ -60,6 +62,23 @@ def sanitize_label(label: str, what: str = "label") -> str:
             f"(file names keep only 0-9 A-Z a-z . = + -)"
         )
     return cleaned
+
+
+MAX_LABEL = 80
+"""The longest role or stage a file name holds (file names are limited to 255 bytes)."""
+
+
+def fit_label(label: str, limit: int = MAX_LABEL) -> str:
+    """A sanitized label short enough for a file name: a longer one keeps its start and gets a
+    short hash of the whole, so that two long labels stay apart.
+
+    >>> fit_label("a" * 100) == "a" * 71 + "+7f900025"
+    True
+    """
+    if len(label) <= limit:
+        return label
+    digest = hashlib.sha1(label.encode()).hexdigest()[:8]
+    return f"{label[: limit - len(digest) - 1]}+{digest}"
 
 
 def range_label(text: str) -> str:

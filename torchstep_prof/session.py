@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from .config import ProfilerConfig
 from .errors import TorchstepProfWarning
-from .naming import range_label, sanitize_label
+from .naming import fit_label, range_label, sanitize_label
 from .selection import StepAction
 from .topology import Topology, distributed_initialized
 
@@ -28,7 +28,7 @@ __all__ = ["TraceSession", "open_range", "profiler_kwargs"]
 
 FUSED_STAGE = "train"
 FUSED_DEFAULT_ROLE = "main"
-_MAX_FUSED_ROLE = 120
+_MAX_FUSED_ROLE = 100  # with a stage of at most 80 (naming.MAX_LABEL): under 255 bytes
 METADATA_KEY = "torchstep_prof"
 
 try:  # A private torch API, ~10x cheaper than record_function; the public one is the fallback.
@@ -188,10 +188,10 @@ class TraceSession:
     @property
     def file_role(self) -> str:
         if not self.fused:
-            return sanitize_label(self.owner_role or "", "role")
+            return fit_label(sanitize_label(self.owner_role or "", "role"))
         if self.config.process_role is not None:
-            return sanitize_label(self.config.process_role, "process_role")
-        labels = list(dict.fromkeys(sanitize_label(r, "role") for r in self.roles))
+            return fit_label(sanitize_label(self.config.process_role, "process_role"))
+        labels = list(dict.fromkeys(fit_label(sanitize_label(r, "role")) for r in self.roles))
         joined = "-".join(labels)
         if len(joined) > _MAX_FUSED_ROLE:
             # File names are limited to 255 bytes: keep the first roles, count the rest.
@@ -203,13 +203,15 @@ class TraceSession:
 
     @property
     def file_stage(self) -> str:
-        return FUSED_STAGE if self.fused else sanitize_label(self.owner_stage or "", "stage")
+        return FUSED_STAGE if self.fused else fit_label(sanitize_label(self.owner_stage or "", "stage"))
 
     @property
     def file_roles(self) -> tuple[str, ...]:
         """The individual roles as file names write them (for the hook's environment)."""
         if self.fused and self.config.process_role is None:
-            return tuple(dict.fromkeys(sanitize_label(r, "role") for r in self.roles)) or (FUSED_DEFAULT_ROLE,)
+            return tuple(dict.fromkeys(fit_label(sanitize_label(r, "role")) for r in self.roles)) or (
+                FUSED_DEFAULT_ROLE,
+            )
         return (self.file_role,)
 
     # --- the window -------------------------------------------------------------------------
