@@ -77,7 +77,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
     per (role, stage) numbers the entries made while a schedule is in force, from 1.
 
     The configuration is read as the region is made, which in ``with profile_region(...)`` is
-    as it is entered. With no schedule in force (or profiling disabled) this returns a shared
+    as it is entered; the object is meant for that one ``with``. With no schedule in force (or profiling disabled) this returns a shared
     no-op at once: the cost of leaving regions in production code.
     """
     # The hot path: each branch does the least it can. Not profiling: one context-variable read
