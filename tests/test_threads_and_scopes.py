@@ -159,7 +159,7 @@ def test_one_scope_object_in_two_asyncio_tasks():
 
 
 def test_scopes_refuse_to_decorate_generator_functions():
-    with pytest.raises(TypeError, match="cannot decorate the generator"):
+    with pytest.raises(TypeError, match="scope cannot wrap the generator"):
 
         @tsp.schedule(steps=[1])
         def batches():

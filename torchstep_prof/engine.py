@@ -26,7 +26,7 @@ from .naming import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
 from .scopes import Frame, HookScope, env_hook_scope
 from .selection import StepAction, last_selected_step, selected_steps
-from .session import NESTED_FAST_PATH, ThreadSpan, TraceSession, new_range, open_range, profiler_kwargs
+from .session import NESTED_FAST_PATH, ThreadSpan, TraceSession, entered, new_range, profiler_kwargs
 from .topology import current_topology
 from .export import TraceWriter
 
@@ -94,11 +94,7 @@ class Engine:
         if session is not None:
             if step is None and current is None:
                 self.count(role, stage)  # counters count every entry under a schedule
-            if session.fused:
-                session.add_role(role)
-            if session.owner_thread == threading.get_ident():
-                return open_range(range_name(role, stage))
-            return ThreadSpan(session, range_name(role, stage)).__enter__()
+            return entered(self.range_in(session, role, stage))
         if step is not None:
             action = self.decide(frame, step)
         elif current is None:
@@ -111,6 +107,17 @@ class Engine:
         if action is StepAction.NONE:
             return None
         return self._start(frame, role, stage, step, action)
+
+    @staticmethod
+    def range_in(session: TraceSession, role: str, stage: str) -> Any:
+        """A region's range in the running ``session``, not yet entered: a torch range in the
+        owner's thread, a ThreadSpan (written in at export) in any other."""
+        if session.fused:
+            session.add_role(role)
+        name = range_name(role, stage)
+        if session.owner_thread == threading.get_ident():
+            return new_range(name)
+        return ThreadSpan(session, name)
 
     def decide(self, frame: Frame, step: int) -> StepAction:
         """The action for ``step`` under ``frame`` on this rank; remembers selected steps."""
@@ -151,7 +158,7 @@ class Engine:
             # Someone else's profiler: a second start() would silently succeed, and stopping
             # either would end both. Join theirs as a range instead.
             self._warn_once("foreign", "another torch profiler is running; torchstep_prof regions are ranges in its trace", ForeignProfilerWarning)
-            return None if role is None else open_range(range_name(role, stage or ""))
+            return None if role is None else entered(new_range(range_name(role, stage or "")))
         session = TraceSession(
             config=frame.config,
             role=role,
@@ -172,10 +179,8 @@ class Engine:
         if running is not None:  # another thread's trace is recording: be a range in it
             if role is None:
                 return None
-            if running.fused:
-                running.add_role(role)
-            return ThreadSpan(running, range_name(role, stage or "")).__enter__()
-        self._ensure_atexit()
+            return entered(self.range_in(running, role, stage or ""))
+        self.ensure_atexit()
         self.summary_wanted = frame.config.summary
         try:
             if not self.warmed:
@@ -288,7 +293,7 @@ class Engine:
         """A scope was entered: warm the profiler up if this rank may profile under it."""
         if frame.idle or self.forked:
             return
-        self._ensure_atexit()
+        self.ensure_atexit()
         if not self.warmed and frame.rank_selected():
             self.warm_up(frame.config.contents)
 
@@ -320,7 +325,7 @@ class Engine:
             return
         from .finishing import run_finish
 
-        self._ensure_atexit()  # a process that only ran a hook prints its summary too
+        self.ensure_atexit()  # a process that only ran a hook prints its summary too
         self.summary_wanted = scope.config.summary
         self.writer.flush()
         run_finish(scope)
@@ -340,9 +345,6 @@ class Engine:
 
     def ensure_atexit(self) -> None:
         """Register the at-exit work (pending files, the environment's hook, the summary) once."""
-        self._ensure_atexit()
-
-    def _ensure_atexit(self) -> None:
         if not self._atexit_registered:
             self._atexit_registered = True
             atexit.register(self.at_exit)

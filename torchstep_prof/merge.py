@@ -21,6 +21,7 @@ from typing import IO, Any, Iterable, Iterator
 
 import attrs
 
+from ._json import dumps
 from .tracefiles import TraceInfo, TraceReadError, iter_events, load_trace, read_trace_info
 
 __all__ = ["MergeResult", "MergedTrack", "merge_traces", "track_label"]
@@ -92,7 +93,7 @@ def merge_traces(
     }
     written = 0
     with _atomic_output(out_path) as out:
-        out.write(_dumps(header)[:-1] + b',"traceEvents":[')
+        out.write(dumps(header)[:-1] + b',"traceEvents":[')
         id_offset = 0
         device_properties: Any = None
         for index, (info, track) in enumerate(zip(infos, tracks)):
@@ -106,12 +107,12 @@ def merge_traces(
                 device_properties = trace["deviceProperties"]
             del trace
             if events:
-                out.write((b"," if written else b"") + _dumps(events)[1:-1])
+                out.write((b"," if written else b"") + dumps(events)[1:-1])
                 written += len(events)
             del events
         out.write(b"]")
         if device_properties is not None:
-            out.write(b',"deviceProperties":' + _dumps(device_properties))
+            out.write(b',"deviceProperties":' + dumps(device_properties))
         out.write(b"}")
     return MergeResult(path=out_path, base_time_ns=base_ns, tracks=tracks, events=written)
 
@@ -164,21 +165,6 @@ def _unique_id(value: Any, index: int, offset: int, max_id: int) -> tuple[Any, i
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value + offset, max(max_id, value + offset)
     return f"{index}:{value}", max_id
-
-
-def _dumps(value: Any) -> bytes:
-    try:
-        import orjson
-    except ImportError:
-        orjson = None
-    if orjson is not None:
-        try:
-            return orjson.dumps(value)
-        except TypeError:
-            pass  # an integer past 64 bits, say: json writes anything JSON can hold
-    import json
-
-    return json.dumps(value, separators=(",", ":")).encode()
 
 
 @contextlib.contextmanager

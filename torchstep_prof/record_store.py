@@ -109,15 +109,6 @@ class _RecordStore:
         with self._lock:
             self._traces.append(record)
 
-    def replace_trace(self, old: TraceRecord, new: TraceRecord) -> None:
-        """Swap a record for its final form (a gzip finished off the training thread)."""
-        with self._lock:
-            for i, record in enumerate(self._traces):
-                if record is old:
-                    self._traces[i] = new
-                    return
-            self._traces.append(new)
-
     def add_hook(self, record: HookRecord) -> None:
         with self._lock:
             self._hooks.append(record)

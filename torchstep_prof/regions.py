@@ -7,14 +7,13 @@ one attribute, and returns. They are classes, not generator context managers (~4
 
 from __future__ import annotations
 
-import functools
-import inspect
 from threading import get_ident as _get_ident
 from typing import Any, Callable, Optional, TypeVar
 
+from ._wrapping import around_each_call
 from .engine import _RANGE_NAMES, CURRENT_STEP, ENGINE, range_name
 from .session import NESTED_FAST_PATH as _NESTED
-from .session import ThreadSpan, new_range
+from .session import new_range
 from .naming import sanitize_label
 from .scopes import _ROOT, _STACK, current_frame
 from .selection import StepAction
@@ -98,17 +97,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             return _IDLE_REGION
         if step is None and not frame.idle and CURRENT_STEP.get(None) is None:
             ENGINE.count(role, stage)  # counters count every entry under a schedule (only)
-        try:
-            name = _RANGE_NAMES[role][stage]
-        except KeyError:
-            name = range_name(role, stage)
-        if session.plain_thread == _get_ident():  # the owner's thread of a discrete trace
-            return new_range(name)
-        if session.fused:
-            session.add_role(role)
-        if session.owner_thread == _get_ident():
-            return new_range(name)
-        return ThreadSpan(session, name)
+        return ENGINE.range_in(session, role, stage)
     if frame.idle:
         return _IDLE_REGION
     if frame is _ROOT:  # first region outside every scope: read the environment once
@@ -206,28 +195,12 @@ def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:
         if not isinstance(label, str):
             raise TypeError(f"@profiled needs stage= for {fn!r}, which has no __name__")
         sanitize_label(label, "stage")
-        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
-            raise TypeError(
-                f"@profiled cannot wrap the generator {fn.__qualname__}: its body runs after the "
-                "call returns. Put `with profile_region(...)` inside the loop that consumes it."
-            )
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def run_coroutine(*args: Any, **kwargs: Any) -> Any:
-                with profile_region(role, label):
-                    return await fn(*args, **kwargs)
-
-            return run_coroutine  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            region = profile_region(role, label)
-            if region is _IDLE_REGION:  # not profiling: just the call
-                return fn(*args, **kwargs)
-            with region:
-                return fn(*args, **kwargs)
-
-        return run  # type: ignore[return-value]
+        return around_each_call(  # type: ignore[no-any-return]
+            fn,
+            lambda: profile_region(role, label),
+            "@profiled",
+            "Put `with profile_region(...)` inside the loop that consumes it.",
+            idle=_IDLE_REGION,
+        )
 
     return decorate

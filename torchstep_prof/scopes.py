@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import difflib
-import functools
-import inspect
 import itertools
 import os
 import threading
@@ -22,6 +20,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 import attrs
 
+from ._wrapping import around_each_call
 from .config import FinishHookConfig, ProfilerConfig, ScheduleConfig
 from .errors import ConfigError, Problem
 from .selection import StepAction, rank_selected, step_action
@@ -239,26 +238,9 @@ class _Scope:
 
     def __call__(self, fn: Any) -> Any:
         fields = self._fields
-        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
-            raise TypeError(
-                f"a torchstep_prof scope cannot decorate the generator {fn.__qualname__}: its body "
-                "runs after the call returns. Use the scope as a `with` block inside it."
-            )
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def run_coroutine(*args: Any, **kwargs: Any) -> Any:
-                with _pushed(fields):
-                    return await fn(*args, **kwargs)
-
-            return run_coroutine
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with _pushed(fields):
-                return fn(*args, **kwargs)
-
-        return run
+        return around_each_call(
+            fn, lambda: _pushed(fields), "a torchstep_prof scope", "Use the scope as a `with` block inside it."
+        )
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from .naming import fit_label, range_label, sanitize_label
 from .selection import StepAction
 from .topology import Topology, distributed_initialized
 
-__all__ = ["TraceSession", "open_range", "profiler_kwargs"]
+__all__ = ["NESTED_FAST_PATH", "ThreadSpan", "TraceSession", "entered", "new_range", "profiler_kwargs"]
 
 FUSED_STAGE = "train"
 FUSED_DEFAULT_ROLE = "main"
@@ -79,10 +79,9 @@ class ThreadSpan:
         self._session.close_span(self, time.time_ns())
 
 
-def open_range(name: str) -> Any:
-    """An entered range named ``name``; call its ``__exit__`` to close it."""
-    marker = new_range(name)
-    # Entered by hand: its exit belongs to a region's own __exit__, not to a `with` here.
+def entered(marker: Any) -> Any:
+    """``marker`` entered; its ``__exit__`` belongs to a region's own ``__exit__``, not to a
+    ``with`` here (the region's enter and exit are separate calls)."""
     marker.__enter__()
     return marker
 
@@ -145,8 +144,6 @@ class TraceSession:
         self.roles: list[str] = [] if role is None else [role]
         # Regions of the owner's thread are torch ranges; other threads' are ThreadSpans.
         self.owner_thread = threading.get_ident()
-        # The owner's thread of a discrete trace: no roles to collect (see profile_region).
-        self.plain_thread = None if self.fused else self.owner_thread
         self.started_at = _dt.datetime.now(_dt.timezone.utc)
         self._t0 = 0.0
         self.wall_s = 0.0

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Optional, Tuple
 import attrs
 
 from ._events import OpTime, iter_events, region_time, top_ops
+from ._json import loads
 from .errors import TorchstepProfError
 from .naming import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
 
@@ -123,27 +124,12 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise TraceReadError(f"{path}: cannot read ({exc})") from exc
     try:
-        trace = _loads(data)
+        trace = loads(data)
     except ValueError as exc:  # json.JSONDecodeError, orjson.JSONDecodeError, UnicodeDecodeError
         raise TraceReadError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(trace, dict):
         raise TraceReadError(f"{path}: not a Chrome trace (top level is not a JSON object)")
     return trace
-
-
-def _loads(data: bytes) -> Any:
-    try:
-        import orjson
-    except ImportError:
-        orjson = None
-    if orjson is not None:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass  # json also accepts NaN / Infinity, which orjson rejects: let it decide
-    import json
-
-    return json.loads(data)
 
 
 def read_trace_info(
