@@ -98,3 +98,15 @@ def test_a_process_that_only_ran_a_hook_prints_its_summary(tmp_path):
     done = run_script(code, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "hook on rank 0: ok, exit code 0" in done.stdout
+
+
+def test_every_gzip_trace_is_final_before_the_hook_runs(tmp_path):
+    folder, listing = tmp_path / "profile", tmp_path / "listing"
+    with tsp.configure(save_path=str(folder), gzip=True, summary=False), tsp.schedule(steps=[1, 2]), \
+            tsp.on_finish(f'ls -A "$TORCHSTEP_PROF_SAVE_PATH" > "{listing}"'):
+        for n in (1, 2, 3):
+            with tsp.step(n), tsp.profile_region("actor", "update"):
+                pass
+    names = listing.read_text().split()
+    assert len(names) == 2 and all(name.endswith(".json.gz") for name in names)  # no .partial left
+    assert sorted(names) == sorted(p.name for p in folder.iterdir())
