@@ -28,6 +28,7 @@ class TraceRecord:
     world_size: int
     discrete: bool
     path: Optional[str]
+    occurrence: int = 1  # the k-th outermost entry of (role, stage) in this step (SPEC: Occurrences)
     size_bytes: int = 0
     wall_s: float = 0.0
     start_s: float = 0.0
@@ -92,9 +93,12 @@ class ProfilingRecords:
     hooks: Tuple[HookRecord, ...] = ()
     costs: ProfilingCosts = ProfilingCosts()
     missed_steps: Tuple[int, ...] = ()  # steps a finite schedule selected that never ran
+    # What needs the user's attention, one line each (a region left open across steps, a step
+    # entered again after its hook ran, ...): printed under the summary table.
+    attention: Tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.traces or self.hooks)
+        return bool(self.traces or self.hooks or self.attention)
 
 
 class _RecordStore:
@@ -104,6 +108,7 @@ class _RecordStore:
         self._hooks: list[HookRecord] = []
         self._costs: dict[str, float] = {}
         self._missed: set[int] = set()
+        self._attention: dict[str, str] = {}  # key -> line; one line per key, first wins
 
     def add_trace(self, record: TraceRecord) -> None:
         with self._lock:
@@ -124,6 +129,11 @@ class _RecordStore:
         with self._lock:
             self._missed |= steps
 
+    def add_attention(self, key: str, line: str) -> None:
+        """Note something the summary must point out; ``key`` keeps a repeated cause to one line."""
+        with self._lock:
+            self._attention.setdefault(key, line)
+
     def snapshot(self) -> ProfilingRecords:
         with self._lock:
             return ProfilingRecords(
@@ -131,6 +141,7 @@ class _RecordStore:
                 hooks=tuple(self._hooks),
                 costs=ProfilingCosts(**self._costs),
                 missed_steps=tuple(sorted(self._missed)),
+                attention=tuple(self._attention.values()),
             )
 
     def clear(self) -> None:
@@ -139,6 +150,7 @@ class _RecordStore:
             self._hooks.clear()
             self._costs.clear()
             self._missed.clear()
+            self._attention.clear()
 
 
 STORE = _RecordStore()

@@ -92,6 +92,7 @@ def render_summary(data: ProfilingRecords) -> Table:
     )
     if data.missed_steps:
         lines.append(f"selected but never ran: step(s) {', '.join(map(str, data.missed_steps))}")
+    lines.extend(data.attention)
     table.caption = "\n".join(lines)
     return table
 
