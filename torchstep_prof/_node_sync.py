@@ -18,10 +18,9 @@ import socket
 import stat
 import tempfile
 import time
-import warnings
 from typing import Mapping, Optional
 
-from .errors import FinishHookWarning
+from .errors import FinishHookWarning, warn
 
 __all__ = ["cleanup", "mark_finished", "node_key", "wait_for_node"]
 
@@ -82,7 +81,7 @@ def mark_finished(scope_id: str, local_rank: int, environ: Optional[Mapping[str,
             handle.write(f"{os.getpid()} {time.time():.3f}\n")
         os.replace(temporary, final)
     except OSError as exc:
-        warnings.warn(
+        warn(
             f"finish hook: local rank {local_rank} could not mark its profiling finished ({exc}); "
             f"the node's uploader will report it missing",
             FinishHookWarning,

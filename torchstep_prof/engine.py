@@ -16,12 +16,11 @@ import os
 import tempfile
 import threading
 import time
-import warnings
 from typing import Any, Iterator, Optional
 
 import torch
 
-from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning
+from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
 from .naming import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
 from .scopes import Frame, HookScope, env_hook_scope
@@ -191,7 +190,7 @@ class Engine:
             if not isinstance(exc, Exception):  # KeyboardInterrupt: nothing left half-started
                 raise
             label = f"{role}/{stage}" if role is not None else "fused trace"
-            warnings.warn(
+            warn(
                 f"torchstep_prof: the profiler failed to start for {label} step {step} ({exc!r}); "
                 "the block runs unprofiled",
                 ProfilerStartWarning,
@@ -352,7 +351,7 @@ class Engine:
     def _warn_once(self, key: str, message: str, category: type[Warning]) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, category, stacklevel=4)
+            warn(message, category, stacklevel=4)
 
     def after_fork_in_child(self) -> None:
         # A DataLoader worker inherits the parent's state, maybe a running profiler: it must

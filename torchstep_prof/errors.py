@@ -87,3 +87,22 @@ class ForeignProfilerWarning(TorchstepProfWarning):
 class TraceWriteWarning(TorchstepProfWarning):
     """A trace could not be written (unwritable folder, full disk, failed export); training goes
     on and the failure is recorded (``tsp.records().traces``)."""
+
+
+def warn(message: str, category: type[Warning] = TorchstepProfWarning, stacklevel: int = 2) -> None:
+    """Issue a profiling warning that never raises into training.
+
+    Under ``-W error`` (``warnings.simplefilter("error")``) ``warnings.warn`` raises: a failed
+    write could then replace the user's own exception. The message goes to stderr instead.
+    """
+    import warnings
+
+    try:
+        warnings.warn(message, category, stacklevel=stacklevel + 1)
+    except Warning:
+        import sys
+
+        try:
+            sys.stderr.write(f"{category.__name__}: {message}\n")
+        except (OSError, ValueError, AttributeError):  # no usable stderr: nothing more to do
+            pass

@@ -19,12 +19,11 @@ import re
 import shutil
 import threading
 import time
-import warnings
 from typing import Callable, Optional
 
 import attrs
 
-from .errors import TraceWriteWarning
+from .errors import TraceWriteWarning, warn
 from .naming import TraceName, build_trace_name, with_part
 from .record_store import STORE, TraceRecord
 from .session import TraceSession
@@ -214,7 +213,7 @@ class TraceWriter:
             first = key not in self._reported
             self._reported.add(key)
         if first:
-            warnings.warn(
+            warn(
                 f"torchstep_prof: trace {record.role}/{record.stage} step {record.step} not written: {error}. "
                 "Training continues; later failures of this kind are only recorded.",
                 TraceWriteWarning,

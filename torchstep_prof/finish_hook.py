@@ -17,14 +17,13 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from collections import deque
 from typing import IO, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 import attrs
 
 from .config import FinishHookConfig
-from .errors import FinishHookWarning
+from .errors import FinishHookWarning, warn
 from .naming import sanitize_label
 from .record_store import HOOK_FAILED, HOOK_NOT_STARTED, HOOK_OK, HOOK_TIMEOUT, STORE, HookRecord
 from .relocate import relocate_traces
@@ -318,4 +317,4 @@ def _warn(message: str) -> None:
     # The warning is what the user sees; the log line is at INFO so an unconfigured logging
     # setup does not print the same message a second time.
     _log.info(message)
-    warnings.warn(message, FinishHookWarning, stacklevel=3)
+    warn(message, FinishHookWarning, stacklevel=3)

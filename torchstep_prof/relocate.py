@@ -12,10 +12,9 @@ import itertools
 import logging
 import os
 import shutil
-import warnings
 from typing import Iterable, Union
 
-from .errors import FinishHookWarning
+from .errors import FinishHookWarning, warn
 from .naming import TRACE_SUFFIXES, with_part
 
 __all__ = ["RELOCATED_NAME_FORMAT", "relocate_traces", "relocated_name"]
@@ -160,4 +159,4 @@ def _warn(message: str) -> None:
     # The warning is what the user sees; the log line (INFO, so an unconfigured logging setup
     # does not print it a second time) is for those who collect logs.
     _log.info(message)
-    warnings.warn(message, FinishHookWarning, stacklevel=3)
+    warn(message, FinishHookWarning, stacklevel=3)

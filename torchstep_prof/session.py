@@ -12,14 +12,13 @@ import functools
 import json
 import threading
 import time
-import warnings
 from typing import Any, Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from .config import ProfilerConfig
-from .errors import TorchstepProfWarning
+from .errors import TorchstepProfWarning, warn
 from .naming import fit_label, range_label, sanitize_label
 from .selection import StepAction
 from .topology import Topology, distributed_initialized
@@ -104,7 +103,7 @@ def profiler_kwargs(contents: tuple[str, ...]) -> dict[str, Any]:
         activities.append(ProfilerActivity.CUDA)
     elif "cuda" in contents and not _warned_no_cuda:
         _warned_no_cuda = True
-        warnings.warn(
+        warn(
             "torchstep_prof: contents asks for 'cuda' but CUDA is not available; recording CPU only",
             TorchstepProfWarning,
         )

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from typing import Any, Mapping, Optional
 
 import attrs
+
+from .errors import warn
 
 __all__ = ["Topology", "current_topology"]
 
@@ -33,7 +34,7 @@ def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        warnings.warn(f"torchstep_prof: ignoring {name}={raw!r} (not an integer); using {default}", stacklevel=3)
+        warn(f"torchstep_prof: ignoring {name}={raw!r} (not an integer); using {default}", stacklevel=3)
         return default
 
 
