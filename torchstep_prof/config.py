@@ -188,6 +188,7 @@ class FinishHookConfig:
     node_wait_s: float = 300.0
     timeout_s: Optional[float] = None
     relocate: Tuple[str, ...] = attrs.field(default=(), converter=_paths)
+    wait: bool = False  # True: the block whose exit triggers the hook waits for the command
 
     def __attrs_post_init__(self) -> None:
         problems = _validate(
@@ -196,6 +197,7 @@ class FinishHookConfig:
                 "ranks": _optional(_int_list(minimum=0, unique=True, non_empty=False)),
                 "all_ranks": _bool,
                 "per_node": _bool,
+                "wait": _bool,
                 "node_wait_s": _seconds(allow_zero=True),
                 "timeout_s": _optional(_seconds(allow_zero=False)),
             },

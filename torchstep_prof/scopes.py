@@ -365,6 +365,7 @@ def on_finish(
     node_wait_s: float = 300.0,
     timeout_s: Optional[float] = None,
     relocate: Union[str, os.PathLike[str], Sequence[Union[str, os.PathLike[str]]]] = (),
+    wait: bool = False,
 ) -> contextlib.AbstractContextManager[ProfilerConfig]:
     """Run ``cmd`` once on each selected rank when profiling under this scope is finished.
 
@@ -381,6 +382,7 @@ def on_finish(
             node_wait_s=node_wait_s,
             timeout_s=timeout_s,
             relocate=relocate,
+            wait=wait,
         )
     except ConfigError as exc:  # finish_hook.timeout_s, as the config file names it
         raise exc.under("finish_hook") from None
