@@ -22,6 +22,7 @@ from torchstep_prof.record_store import STORE as _STORE  # noqa: E402
 from torchstep_prof import scopes as _scopes  # noqa: E402
 from torchstep_prof.engine import ENGINE as _ENGINE  # noqa: E402
 from torchstep_prof import topology as _topology  # noqa: E402
+from torchstep_prof import finishing as _finishing  # noqa: E402
 
 # Variables that change what regions do (the environment's config layer, the rank): a test that
 # wants one sets it itself.
@@ -41,6 +42,8 @@ def _fresh_process_state(monkeypatch):
     _scopes.reset_root()
     _topology.forget_topology()
     yield
+    # Hooks run in the background: one still running must not land in the next test's records.
+    _finishing.wait_for_hooks()
     # torch.autograd._profiler_enabled() sees a profiler started on this thread; one started in
     # another thread it does not, so the engine's record of a running session is checked too.
     leaked_torch = torch.autograd._profiler_enabled()

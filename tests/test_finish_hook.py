@@ -96,12 +96,12 @@ def test_environment_holds_every_variable_and_the_callers_own(tmp_path, monkeypa
 def test_hook_environment_adds_the_variables_to_a_copy():
     base = {"KEEP": "1"}
     context = HookContext(save_path="out", rank=0, world_size=2, local_rank=0, pid=7, roles=("a", "b", "a"))
-    env = hook_environment(context, base_environ=base)
+    env = hook_environment(context, base_environ=base, traces_file="/tmp/list.txt")
     assert base == {"KEEP": "1"}
     assert env["KEEP"] == "1"
     assert set(HOOK_ENV_NAMES) <= set(env)
     assert env[ENV_ROLES] == "a,b" and env[ENV_TRACES] == "" and env[ENV_PID] == "7"
-    assert set(HOOK_ENV_NAMES) <= set(hook_environment(context))  # os.environ by default
+    assert set(HOOK_ENV_NAMES) <= set(hook_environment(context, traces_file="x"))  # os.environ by default
 
 
 def test_non_zero_exit_is_recorded_and_warned_never_raised(tmp_path, capfd):

@@ -28,7 +28,7 @@ def run_steps(folder: Path, steps) -> None:
 def test_a_hook_entered_outside_the_schedule_runs_after_its_last_selected_step(save_dir, tmp_path):
     # Scopes compose in any order: on_finish outside schedule ends with that schedule too.
     marker = tmp_path / "hook-ran"
-    with tsp.on_finish(hook_appending_to(marker)), tsp.schedule(steps=[1, 2]):
+    with tsp.on_finish(hook_appending_to(marker), wait=True), tsp.schedule(steps=[1, 2]):
         run_steps(tmp_path, [1])
         assert not marker.exists()
         run_steps(tmp_path, [2, 3])
@@ -52,8 +52,8 @@ def test_an_environment_hook_runs_once_with_the_codes_on_finish_scope(tmp_path):
 
 def test_nested_hooks_each_end_with_their_own_schedule(save_dir, tmp_path):
     outer, inner = tmp_path / "outer", tmp_path / "inner"
-    with tsp.schedule(steps=[1, 2]), tsp.on_finish(hook_appending_to(outer)):
-        with tsp.on_finish(hook_appending_to(inner)):
+    with tsp.schedule(steps=[1, 2]), tsp.on_finish(hook_appending_to(outer), wait=True):
+        with tsp.on_finish(hook_appending_to(inner), wait=True):
             run_steps(tmp_path, [1, 2])
             assert outer.read_text() == "after step 1\n"  # both ended at step 2's exit
             assert inner.read_text() == "after step 1\n"
@@ -103,7 +103,7 @@ def test_a_process_that_only_ran_a_hook_prints_its_summary(tmp_path):
 def test_every_gzip_trace_is_final_before_the_hook_runs(tmp_path):
     folder, listing = tmp_path / "profile", tmp_path / "listing"
     with tsp.configure(save_path=str(folder), gzip=True, summary=False), tsp.schedule(steps=[1, 2]), \
-            tsp.on_finish(f'ls -A "$TORCHSTEP_PROF_SAVE_PATH" > "{listing}"'):
+            tsp.on_finish(f'ls -A "$TORCHSTEP_PROF_SAVE_PATH" > "{listing}"', wait=True):
         for n in (1, 2, 3):
             with tsp.step(n), tsp.profile_region("actor", "update"):
                 pass

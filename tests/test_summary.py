@@ -69,7 +69,7 @@ def test_a_failed_trace_and_a_failed_hook_are_in_the_summary(tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     with tsp.configure(save_path=str(blocker / "profile"), summary=False), tsp.schedule(steps=[1]):
-        with tsp.on_finish("echo boom >&2; exit 3"):
+        with tsp.on_finish("echo boom >&2; exit 3", wait=True):
             with tsp.step(1), tsp.profile_region("actor", "update"):
                 pass
     buffer = io.StringIO()

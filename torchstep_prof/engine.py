@@ -72,12 +72,15 @@ class Engine:
         # A thread is starting, stopping or exporting torch's profiler (under self.lock): Kineto
         # crashes when one thread starts a profiler while another stops one.
         self._busy = False
+        self._stopping = False  # a thread is stopping and writing the last trace
         self.writer = TraceWriter()
         self.forked = False
         self.warmed = False
         self.counters: dict[tuple[str, str], Iterator[int]] = {}
         self._selected_steps_seen: set[int] = set()
         self._atexit_registered = False
+        # Hook scopes finished while a trace was recording: started once it is written.
+        self._deferred_finishes: list[tuple[HookScope, Any]] = []
         self._warned: set[str] = set()
         self.summary_wanted = True  # the ``summary`` field of the last config that profiled
 
@@ -123,6 +126,8 @@ class Engine:
         action = frame.action(step)
         if action is not StepAction.NONE:
             self._selected_steps_seen.add(step)
+            if frame.hook_scope is not None and not frame.hook_scope.profiled:
+                frame.hook_scope.mark_profiled()
         return action
 
     def enter_step(self, frame: Frame, number: int, action: StepAction) -> Any:
@@ -140,7 +145,7 @@ class Engine:
             if not scope.finished:
                 last = last_selected_step(scope.config.schedule or frame.config.schedule)
                 if last is not None and number >= last:
-                    self.finish(scope)
+                    self.finish(scope, frame.config)
             scope = scope.parent
 
     def count(self, role: str, stage: str) -> int:
@@ -226,7 +231,7 @@ class Engine:
             if self.session is session:
                 self.session = None
                 NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None
-            self._busy = True
+            self._busy = self._stopping = True
         try:
             try:
                 session.stop()
@@ -244,7 +249,12 @@ class Engine:
         except Exception as exc:  # never let profiling replace the user's exception or result
             self._warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", TorchstepProfWarning)
         finally:
+            with self.lock:
+                self._stopping = False
+                deferred, self._deferred_finishes = self._deferred_finishes, []
             self._set_idle()
+            for scope, where in deferred:
+                self._start_hook(scope, where)
 
     def _set_idle(self) -> None:
         with self.lock:
@@ -300,7 +310,7 @@ class Engine:
         if self.writer.has_pending:
             self.writer.flush()
         if frame.hook_scope is not None and frame.hook_scope is not parent.hook_scope:
-            self.finish(frame.hook_scope)
+            self.finish(frame.hook_scope, frame.config)
         schedule = frame.config.schedule
         if (
             not frame.idle
@@ -314,20 +324,29 @@ class Engine:
                 if missed:
                     STORE.add_missed_steps(frozenset(missed))
 
-    def finish(self, scope: HookScope) -> None:
-        """Profiling under ``scope`` is finished: run its hook here if this rank is selected."""
+    def finish(self, scope: HookScope, where: Any = None) -> None:
+        """Profiling under ``scope`` is finished (``where``: the config in force at that point):
+        start its hook if this rank is selected, once every trace recording now is written."""
         with scope.lock:
             if scope.finished:
                 return
             scope.finished = True
         if self.forked:
             return
-        from .finishing import run_finish
-
         self.ensure_atexit()  # a process that only ran a hook prints its summary too
         self.summary_wanted = scope.config.summary
-        self.writer.flush()
-        run_finish(scope)
+        with self.lock:
+            if self.session is not None or self._stopping:
+                # A trace is recording (a step inside a profiled region, another thread's
+                # trace) or stopping: the hook starts once it is on disk (stop_session).
+                self._deferred_finishes.append((scope, where))
+                return
+        self._start_hook(scope, where)
+
+    def _start_hook(self, scope: HookScope, where: Any) -> None:
+        from .finishing import finish
+
+        finish(scope, where, self.writer.flush)
 
     def at_exit(self) -> None:
         if self.forked:
@@ -337,6 +356,13 @@ class Engine:
             scope = env_hook_scope()
             if scope is not None:
                 self.finish(scope)
+            with self.lock:
+                deferred, self._deferred_finishes = self._deferred_finishes, []
+            for scope, where in deferred:  # a trace still open at exit: its hooks run now
+                self._start_hook(scope, where)
+            from .finishing import wait_at_exit
+
+            wait_at_exit()
         finally:
             from .summary import print_summary_at_exit
 
@@ -359,7 +385,8 @@ class Engine:
         self.forked = True
         self.session = None
         NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None
-        self._busy = False
+        self._busy = self._stopping = False
+        self._deferred_finishes = []
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
         self.writer.forget_after_fork()

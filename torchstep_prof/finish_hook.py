@@ -35,10 +35,12 @@ __all__ = [
     "ENV_ROLES",
     "ENV_SAVE_PATH",
     "ENV_TRACES",
+    "ENV_TRACES_FILE",
     "ENV_WORLD_SIZE",
     "HOOK_ENV_NAMES",
     "HookContext",
     "hook_environment",
+    "kill_running_hooks",
     "run_hook",
 ]
 
@@ -49,7 +51,17 @@ ENV_LOCAL_RANK = "TORCHSTEP_PROF_LOCAL_RANK"
 ENV_PID = "TORCHSTEP_PROF_PID"
 ENV_ROLES = "TORCHSTEP_PROF_ROLES"
 ENV_TRACES = "TORCHSTEP_PROF_TRACES"
-HOOK_ENV_NAMES = (ENV_SAVE_PATH, ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK, ENV_PID, ENV_ROLES, ENV_TRACES)
+ENV_TRACES_FILE = "TORCHSTEP_PROF_TRACES_FILE"
+HOOK_ENV_NAMES = (
+    ENV_SAVE_PATH,
+    ENV_RANK,
+    ENV_WORLD_SIZE,
+    ENV_LOCAL_RANK,
+    ENV_PID,
+    ENV_ROLES,
+    ENV_TRACES,
+    ENV_TRACES_FILE,
+)
 """Every variable the hook's environment adds to the training process's own."""
 
 OUTPUT_PREFIX = "[rank {rank}] "
@@ -58,9 +70,15 @@ _SHELL = "/bin/sh"
 _KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL, so an uploader can clean up
 _DRAIN_GRACE_S = 1.0  # for the output readers once the command has exited
 _MAX_LINE = 64 * 1024  # a line without a newline is printed in pieces of this many bytes
+# TORCHSTEP_PROF_TRACES only while it stays this short: thousands of paths in one variable make
+# exec fail ("Argument list too long"); TORCHSTEP_PROF_TRACES_FILE always lists them all.
+_MAX_TRACES_VARIABLE = 32 * 1024
 
 _log = logging.getLogger(__name__)
 _write_lock = threading.Lock()
+# Hook commands running now: Ctrl-C during the exit wait kills their process groups.
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+_RUNNING_LOCK = threading.Lock()
 
 
 def _roles(value: Iterable[str]) -> Tuple[str, ...]:
@@ -94,8 +112,14 @@ class HookContext:
     traces: Tuple[str, ...] = attrs.field(default=(), converter=_paths)
 
 
-def hook_environment(context: HookContext, base_environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+def hook_environment(
+    context: HookContext, base_environ: Optional[Mapping[str, str]] = None, traces_file: Optional[str] = None
+) -> dict[str, str]:
     """The hook's environment: ``base_environ`` (default ``os.environ``) plus ``TORCHSTEP_PROF_*``.
+
+    ``TORCHSTEP_PROF_TRACES`` joins the traces with ``os.pathsep`` only while that stays under
+    32 KiB and no path holds ``os.pathsep``; ``TORCHSTEP_PROF_TRACES_FILE`` (``traces_file``, one
+    path a line) always lists them.
 
     >>> env = hook_environment(HookContext(save_path="out", rank=0, world_size=2, local_rank=0,
     ...                                    pid=7, roles=("actor", "critic")), base_environ={})
@@ -111,10 +135,40 @@ def hook_environment(context: HookContext, base_environ: Optional[Mapping[str, s
             ENV_LOCAL_RANK: str(context.local_rank),
             ENV_PID: str(context.pid),
             ENV_ROLES: ",".join(context.roles),
-            ENV_TRACES: os.pathsep.join(context.traces),
         }
     )
+    joined = os.pathsep.join(context.traces)
+    if len(joined) < _MAX_TRACES_VARIABLE and not any(os.pathsep in path for path in context.traces):
+        env[ENV_TRACES] = joined
+    else:
+        env.pop(ENV_TRACES, None)
+    if traces_file is not None:
+        env[ENV_TRACES_FILE] = traces_file
     return env
+
+
+def _write_traces_file(context: HookContext) -> Optional[str]:
+    """The file behind ``TORCHSTEP_PROF_TRACES_FILE``: one absolute path a line, outside
+    ``save_path`` (an upload of the folder does not ship it)."""
+    import tempfile
+
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"torchstep_prof-traces-rank{context.rank}-pid{context.pid}-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as handle:
+            handle.writelines(f"{os.path.abspath(trace)}\n" for trace in context.traces)
+        return path
+    except OSError as exc:
+        _warn(f"finish hook on rank {context.rank}: cannot write the list of traces: {exc}")
+        return None
+
+
+def kill_running_hooks() -> int:
+    """Kill the process group of every hook command running now; returns how many."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for process in running:
+        _signal_group(process.pid, signal.SIGKILL)
+    return len(running)
 
 
 def run_hook(
@@ -157,12 +211,20 @@ def run_hook(
         except OSError as exc:
             _warn(f"finish hook on rank {context.rank}: relocate failed: {exc}")
 
-    outcome, exit_code, message = _run_command(
-        hook.cmd,
-        hook_environment(context),
-        timeout_s=hook.timeout_s,
-        prefix=OUTPUT_PREFIX.format(rank=context.rank),
-    )
+    traces_file = _write_traces_file(context)
+    try:
+        outcome, exit_code, message = _run_command(
+            hook.cmd,
+            hook_environment(context, traces_file=traces_file),
+            timeout_s=hook.timeout_s,
+            prefix=OUTPUT_PREFIX.format(rank=context.rank),
+        )
+    finally:
+        if traces_file is not None:  # the command has ended: the list served its purpose
+            try:
+                os.unlink(traces_file)
+            except OSError:
+                pass
     record = HookRecord(
         cmd=hook.cmd,
         rank=context.rank,
@@ -202,6 +264,8 @@ def _run_command(
         )
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         return HOOK_NOT_STARTED, None, f"could not start ({exc})"
+    with _RUNNING_LOCK:
+        _RUNNING.add(process)
 
     last_error_line: deque[str] = deque(maxlen=1)
     readers = [
@@ -220,6 +284,8 @@ def _run_command(
         _kill_group(process)
         raise
     finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(process)
         _join_readers(readers)
 
     if timed_out:

@@ -1,22 +1,53 @@
 """When profiling under an ``on_finish`` scope is finished: pick the ranks, wait for node-mates,
-run the hook. The engine calls :func:`run_finish` exactly once per scope."""
+run the hook — in the background unless the scope asked to wait.
+
+The engine calls :func:`finish` exactly once per scope, after every trace recording around that
+point has stopped. The hook thread first waits for the trace writer (every trace of the process
+is on disk before the command starts), then, for ``per_node`` hooks, marks this rank finished and
+waits for its node-mates, then runs the command. Training goes on meanwhile: a slow upload can
+never hold up a collective. At interpreter exit :func:`wait_at_exit` waits for hooks still running,
+with a status line, and Ctrl-C there kills their process groups.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
+from typing import Callable, Optional
 
+import attrs
+
+from .config import ProfilerConfig
 from .record_store import STORE
 from .scopes import HookScope
 from .selection import rank_selected
 from .topology import Topology, current_topology
 
-__all__ = ["run_finish", "runs_hook"]
+__all__ = ["finish", "runs_hook", "wait_at_exit", "wait_for_hooks"]
+
+_STATUS_EVERY_S = 10.0  # a plain progress line this often when stderr is not a terminal
 
 
-def runs_hook(scope: HookScope, topology: Topology) -> bool:
-    """Whether this rank runs the scope's hook: the hook's own ranks if given, else the
-    profiled ranks; with ``per_node``, local rank 0 of each node."""
+@attrs.define
+class _HookRun:
+    """A hook running in the background, for the exit wait's status line."""
+
+    thread: threading.Thread
+    label: str
+    started: float = attrs.field(factory=time.monotonic)
+
+
+_RUNS: list[_HookRun] = []
+_RUNS_LOCK = threading.Lock()
+
+
+def runs_hook(scope: HookScope, topology: Topology, where: Optional[ProfilerConfig] = None) -> bool:
+    """Whether this rank runs the scope's hook: the hook's own ranks if given; with ``per_node``,
+    local rank 0 of each node; else the ranks profiled where profiling finished (``where``, the
+    configuration in force there, whatever the order the scopes were written in), and any rank
+    that profiled a step under the scope."""
     config = scope.config
     hook = config.finish_hook
     if hook is None or not config.enable:
@@ -25,22 +56,44 @@ def runs_hook(scope: HookScope, topology: Topology) -> bool:
         return topology.local_rank == 0
     if hook.all_ranks or hook.ranks is not None:
         return rank_selected(hook.ranks or (), hook.all_ranks, topology.rank)
-    return rank_selected(config.ranks, config.all_ranks, topology.rank)
+    if scope.profiled:
+        return True
+    profiled = where if where is not None else config
+    return rank_selected(profiled.ranks, profiled.all_ranks, topology.rank)
 
 
-def run_finish(scope: HookScope) -> None:
-    """Mark this rank finished (per-node hooks) and run the hook where this rank is selected."""
+def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Callable[[], None]) -> None:
+    """Profiling under ``scope`` is finished: run its hook where this rank is selected — now, in
+    this thread, for ``wait=True``; else on a background thread, and return at once."""
     config = scope.config
     hook = config.finish_hook
     if hook is None or not config.enable:
         return
+    if hook.wait:
+        _run(scope, where, flush_traces)
+        return
+    label = f"finish hook on rank {current_topology().rank} ({_short(hook.cmd)})"
+    thread = threading.Thread(
+        target=_run, args=(scope, where, flush_traces), name="torchstep_prof-finish-hook", daemon=True
+    )
+    with _RUNS_LOCK:
+        _RUNS[:] = [run for run in _RUNS if run.thread.is_alive()]
+        _RUNS.append(_HookRun(thread, label))
+    thread.start()
+
+
+def _run(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Callable[[], None]) -> None:
     from . import _node_sync
     from .finish_hook import HookContext, run_hook
 
+    config = scope.config
+    hook = config.finish_hook
+    assert hook is not None  # checked by finish()
+    flush_traces()  # every trace of the process is on disk (and listed) before the command
     topology = current_topology()
     if hook.per_node:
         _node_sync.mark_finished(scope.scope_id, topology.local_rank)
-    if not runs_hook(scope, topology):
+    if not runs_hook(scope, topology, where):
         return
     wait_s, missing = 0.0, ()
     if hook.per_node:
@@ -48,8 +101,7 @@ def run_finish(scope: HookScope) -> None:
         missing = _node_sync.wait_for_node(scope.scope_id, topology.local_world_size, hook.node_wait_s)
         wait_s = time.perf_counter() - t0
         STORE.add_costs(hook_wait_s=wait_s)
-    with scope.lock:
-        traces, roles = tuple(scope.traces), tuple(scope.roles)
+    traces, roles = scope.start_hook()
     context = HookContext(
         save_path=os.path.abspath(config.save_path),
         rank=topology.rank,
@@ -57,10 +109,88 @@ def run_finish(scope: HookScope) -> None:
         local_rank=topology.local_rank,
         pid=os.getpid(),
         roles=roles,
-        traces=traces,
+        traces=tuple(os.path.abspath(path) for path in traces),
     )
     try:
         run_hook(hook, context, wait_s=wait_s, missing_ranks=missing)
     finally:
         if hook.per_node:
             _node_sync.cleanup(scope.scope_id)
+
+
+def _running() -> list[_HookRun]:
+    with _RUNS_LOCK:
+        _RUNS[:] = [run for run in _RUNS if run.thread.is_alive()]
+        return list(_RUNS)
+
+
+def wait_for_hooks(timeout: Optional[float] = None) -> bool:
+    """Wait for every hook started so far in the background; False if ``timeout`` ran out."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for run in _running():
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        run.thread.join(remaining)
+        if run.thread.is_alive():
+            return False
+    return True
+
+
+def wait_at_exit() -> None:
+    """At interpreter exit: wait for hooks still running (each bounded by its own ``timeout_s``),
+    showing which, on which rank, for how long; Ctrl-C kills their process groups."""
+    if not _running():
+        return
+    try:
+        if _stderr_is_terminal():
+            _wait_with_live_status()
+        else:
+            _wait_with_plain_lines()
+    except KeyboardInterrupt:
+        from .finish_hook import kill_running_hooks
+
+        killed = kill_running_hooks()
+        _print(f"torchstep_prof: interrupted; killed {killed} finish hook process group(s)")
+        wait_for_hooks(timeout=5.0)  # let the hook threads record how their commands ended
+
+
+def _status_text() -> str:
+    now = time.monotonic()
+    runs = _running()
+    return "; ".join(f"waiting for {run.label}: {now - run.started:.0f} s" for run in runs)
+
+
+def _wait_with_live_status() -> None:
+    from rich.console import Console
+
+    console = Console(file=sys.stderr)
+    with console.status(f"torchstep_prof: {_status_text()} (Ctrl-C kills it)") as status:
+        while not wait_for_hooks(timeout=0.2):
+            status.update(f"torchstep_prof: {_status_text()} (Ctrl-C kills it)")
+
+
+def _wait_with_plain_lines() -> None:
+    _print(f"torchstep_prof: {_status_text()} (Ctrl-C kills it)")
+    while not wait_for_hooks(timeout=_STATUS_EVERY_S):
+        _print(f"torchstep_prof: {_status_text()}")
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _print(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
+def _short(cmd: object, limit: int = 60) -> str:
+    import shlex
+
+    text = cmd if isinstance(cmd, str) else shlex.join(cmd)  # type: ignore[arg-type]
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -51,7 +51,9 @@ class HookScope:
         self.config = config
         self.parent = parent
         self.lock = threading.Lock()
-        self.finished = False
+        self.finished = False  # profiling under it is over: its hook has been started or skipped
+        self.profiled = False  # this rank profiled a step under it (it then runs the hook)
+        self.hook_started = False  # the traces below were handed to the command
         self.traces: list[str] = []
         self.roles: list[str] = []
         # Local ranks of one node must agree on which scope they finish, without talking to
@@ -73,8 +75,29 @@ class HookScope:
     def add_trace(self, path: str, roles: Sequence[str]) -> None:
         for scope in self.chain():
             with scope.lock:
+                if scope.hook_started:
+                    # A step entered again after the hook ran (numbering restarted per epoch, a
+                    # retried step): the hook's list stays what it was; the summary says so.
+                    from .record_store import STORE
+
+                    STORE.add_attention(
+                        f"after-hook:{path}",
+                        f"written after its finish hook ran (the hook never saw it): {os.path.basename(path)}",
+                    )
+                    continue
                 scope.traces.append(path)
                 scope.roles.extend(r for r in roles if r not in scope.roles)
+
+    def mark_profiled(self) -> None:
+        """This rank chose a step to profile under this scope (and under every enclosing one)."""
+        for scope in self.chain():
+            scope.profiled = True
+
+    def start_hook(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The traces and roles to hand to the hook, now; later traces are not added to them."""
+        with self.lock:
+            self.hook_started = True
+            return tuple(self.traces), tuple(self.roles)
 
 
 class Frame:
@@ -181,17 +204,10 @@ def _frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: 
     layer = read_environment()
     config = code_config if layer.is_empty else layer.apply(code_config)
     parent_hook = parent.hook_scope if parent is not None else None
-    if sets_hook and config.finish_hook is not None:
-        if parent_hook is not None and parent_hook is _ENV_HOOK_SCOPE:
-            # The environment's hook now rides on the code's on_finish scope (the environment's
-            # command wins there): it runs once, with that scope, not again at exit.
-            with parent_hook.lock:
-                parent_hook.finished = True
-            parent_hook = None
-        hook_scope: Optional[HookScope] = HookScope(config, parent_hook)
-    elif parent_hook is not None:
-        hook_scope = parent_hook
-    elif layer.sets_finish_hook and config.finish_hook is not None:
+    hook_scope: Optional[HookScope]
+    if layer.sets_finish_hook and config.finish_hook is not None:
+        # A hook set through the environment belongs to the whole process: every frame shares
+        # its one scope, so an on_finish in the code neither runs it early nor runs it twice.
         with _ENV_HOOK_LOCK:
             if _ENV_HOOK_SCOPE is None:
                 _ENV_HOOK_SCOPE = HookScope(config, None)
@@ -199,8 +215,10 @@ def _frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: 
         from .engine import ENGINE
 
         ENGINE.ensure_atexit()  # "runs at interpreter exit at the latest", even with no trace
+    elif sets_hook and config.finish_hook is not None:
+        hook_scope = HookScope(config, parent_hook)
     else:
-        hook_scope = None
+        hook_scope = parent_hook
     return Frame(config, hook_scope)
 
 

@@ -1,0 +1,31 @@
+"""A slow finish hook must not make another rank's collective time out (tests/test_hook_background.py).
+
+Run under torchrun with 2 ranks: ``slow_hook_worker.py OUT``. The gloo timeout is 3 s; rank 0's
+hook sleeps 8 s. Both ranks all-reduce right after the step that triggers the hook: with the hook
+in the training thread, rank 1 would wait 8 s for rank 0 and time out.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import all_reduce, init_group, write_result  # noqa: E402
+
+import torchstep_prof as tsp  # noqa: E402
+
+out = Path(sys.argv[1])
+rank, world = init_group(timeout_s=3.0)
+marker = out / f"hook-done-rank{rank}"
+with tsp.configure(save_path=str(out / "save"), summary=False), tsp.schedule(steps=[1]), \
+        tsp.ranks(0), tsp.on_finish(f'sleep 8; touch "{marker}"', timeout_s=60):
+    for n in range(1, 4):
+        with tsp.step(n), tsp.profile_region("trainer", "update"):
+            torch.ones(8).sum()
+        total = torch.ones(1)
+        all_reduce(total)  # right after step 1's exit started rank 0's hook
+result = {"sum": float(total.item()), "hook_done_before_exit": marker.exists()}
+write_result(out, rank, result)
