@@ -162,8 +162,8 @@ def test_reading_an_unchanged_environment_is_cheap(tmp_path: Path) -> None:
              "summary, process_role, ranks, all_ranks, contents, schedule, finish_hook)"],
         ),
         (
-            {ENV_CONFIG: "good.yaml", ENV_OVERRIDES: "schedule.steps=[0]"},
-            ["TORCHSTEP_PROF_OVERRIDES: schedule.steps[0]: must be >= 1 (got 0)"],
+            {ENV_CONFIG: "good.yaml", ENV_OVERRIDES: "schedule.steps=[-1]"},
+            ["TORCHSTEP_PROF_OVERRIDES: schedule.steps[0]: must be >= 0 (got -1)"],
         ),
     ],
 )

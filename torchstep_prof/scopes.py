@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import difflib
 import itertools
 import os
 import threading
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union, cast
 
 import attrs
 
@@ -217,9 +216,10 @@ class _Scope:
 
     __slots__ = ("_fields",)
 
-    def __init__(self, fields: dict[str, Any] | ProfilerConfig) -> None:
+    def __init__(self, fields: dict[str, Any] | ProfilerConfig, problems: Sequence[Problem] = ()) -> None:
         if not isinstance(fields, ProfilerConfig):
-            _evolve(ProfilerConfig(), fields)  # a bad key or value fails at the call, not at entry
+            # A bad key or value fails at the call, not at entry, all problems in one error.
+            _evolve(ProfilerConfig(), fields, list(problems))
         self._fields = fields
 
     def __enter__(self) -> ProfilerConfig:
@@ -270,26 +270,40 @@ _CODE_CONFIG: contextvars.ContextVar[ProfilerConfig] = contextvars.ContextVar("t
 _FIELD_NAMES = tuple(a.name for a in attrs.fields(ProfilerConfig))
 
 
-def _evolve(base: ProfilerConfig, fields: dict[str, Any]) -> ProfilerConfig:
-    unknown = [name for name in fields if name not in _FIELD_NAMES]
-    if unknown:
-        problems = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, _FIELD_NAMES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (allowed: {', '.join(_FIELD_NAMES)})"
-            problems.append(Problem(name, f"unknown key{hint}"))
-        raise ConfigError(problems)
-    sections = {"schedule": ScheduleConfig, "finish_hook": FinishHookConfig}
-    values = dict(fields)
-    for name, cls in sections.items():
-        if isinstance(values.get(name), dict):
-            from .converter import from_dict
+_SECTIONS = {"schedule": ScheduleConfig, "finish_hook": FinishHookConfig}
 
+
+def _evolve(base: ProfilerConfig, fields: Mapping[str, Any], problems: Optional[list[Problem]] = None) -> ProfilerConfig:
+    """``base`` with ``fields`` set; one ``ConfigError`` listing every problem (unknown keys,
+    bad values, bad sections, plus any already in ``problems``), as a config file gets."""
+    from .converter import from_dict, suggest
+
+    problems = list(problems or ())
+    values: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name not in _FIELD_NAMES:
+            problems.append(Problem(name, f"unknown key ({suggest(name, _FIELD_NAMES)})"))
+        elif name in _SECTIONS and isinstance(value, Mapping):
             try:
-                values[name] = from_dict(values[name], cls)
+                values[name] = from_dict(value, _SECTIONS[name])
             except ConfigError as exc:
-                raise exc.under(name) from None
-    return attrs.evolve(base, **values)
+                problems += exc.under(name).problems
+        else:
+            values[name] = value
+    try:
+        result = attrs.evolve(base, **values)
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        order = list(fields)
+        raise ConfigError(sorted(problems, key=lambda p: _position(p, order)))
+    return result
+
+
+def _position(problem: Problem, order: list[str]) -> int:
+    """Where a problem's field was given, so the report reads like the call."""
+    head = problem.path.split(".", 1)[0].split("[", 1)[0]
+    return order.index(head) if head in order else -1
 
 
 def effective_config() -> ProfilerConfig:
@@ -320,6 +334,8 @@ def schedule(
     >>> with tsp.schedule(wait=1, warmup=1, active=2, repeat=0):  # 3,4 then 7,8 then ...
     ...     pass
     """
+    if isinstance(steps, Sequence) and not isinstance(steps, (str, bytes)):
+        steps = tuple(steps)  # range(0, 10, 2) too
     try:
         config = ScheduleConfig(
             steps=steps, skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat
@@ -341,9 +357,10 @@ def ranks(*ranks: Union[int, Sequence[int]], all_ranks: bool = False) -> context
     chosen: tuple[Any, ...] = ranks
     if len(ranks) == 1 and isinstance(ranks[0], (list, tuple, range)):
         chosen = tuple(ranks[0])
-    if not chosen and not all_ranks:
-        raise ConfigError([Problem("ranks", "name at least one rank, or pass all_ranks=True (got none)")])
-    return _Scope({"ranks": chosen or (0,), "all_ranks": all_ranks})
+    problems = []
+    if not chosen and all_ranks is False:
+        problems.append(Problem("ranks", "name at least one rank, or pass all_ranks=True (got none)"))
+    return _Scope({"ranks": chosen or (0,), "all_ranks": all_ranks}, problems)
 
 
 def contents(*items: str) -> contextlib.AbstractContextManager[ProfilerConfig]:
@@ -353,7 +370,10 @@ def contents(*items: str) -> contextlib.AbstractContextManager[ProfilerConfig]:
     >>> with tsp.contents("cpu", "shapes", "memory"):
     ...     pass
     """
-    return _Scope({"contents": items})
+    chosen: tuple[Any, ...] = items
+    if len(items) == 1 and isinstance(items[0], (list, tuple)):
+        chosen = tuple(items[0])
+    return _Scope({"contents": chosen})
 
 
 def on_finish(
@@ -375,7 +395,9 @@ def on_finish(
     """
     try:
         hook = FinishHookConfig(
-            cmd=list(cmd) if not isinstance(cmd, str) else cmd,
+            # Anything but a string or a list/tuple reaches the validator as given (None, 5):
+            # "finish_hook.cmd: must be a string or a list of strings (got None)".
+            cmd=list(cmd) if isinstance(cmd, (list, tuple)) else cmd,
             ranks=ranks,
             all_ranks=all_ranks,
             per_node=per_node,
@@ -401,8 +423,18 @@ def configure(
     """
     if config is None:
         return _Scope(fields)
-    if not isinstance(config, ProfilerConfig):
+    problems: list[Problem] = []
+    if isinstance(config, (str, os.PathLike)):
         from .config_files import load_config
 
-        config = load_config(config)
-    return _Scope(_evolve(config, fields) if fields else config)
+        try:
+            config = load_config(config)
+        except ConfigError as exc:
+            problems += exc.problems
+    elif not isinstance(config, ProfilerConfig):
+        problems.append(Problem("config", f"must be a ProfilerConfig, the path of a config file or None "
+                                          f"(got {config!r})"))
+    if problems:  # the fields are still checked, against the defaults, for the same error
+        _evolve(ProfilerConfig(), fields, problems)
+    loaded = cast(ProfilerConfig, config)  # anything else was reported above
+    return _Scope(_evolve(loaded, fields) if fields else loaded)
