@@ -178,6 +178,29 @@ def test_a_bad_environment_names_its_variable(tmp_path: Path, monkeypatch: pytes
         assert [str(p) for p in info.value.problems] == expected
 
 
+def test_five_bad_overrides_are_all_listed_as_apply_overrides_lists_them() -> None:
+    # The malformed ones and the bad value of a well-formed one (`schedule.wait=-1`) together.
+    import shlex
+
+    from torchstep_prof.overrides import apply_overrides
+
+    text = "schedule.wait=-1 noequals sav_path=x 'ranks=[a' gzip=maybe"
+    expected = [
+        "override 'noequals' has no '=' (expected key=value, e.g. schedule.steps=[1,3])",
+        "sav_path: unknown key in override 'sav_path=x' (did you mean 'save_path'?)",
+        "ranks: override 'ranks=[a' has a value that is not valid YAML (expected ',' or ']', but got "
+        "'<stream end>' at column 3)",
+        "gzip: must be true or false (got 'maybe')",
+        "schedule.wait: must be >= 0 (got -1)",
+    ]
+    with pytest.raises(ConfigError) as direct:
+        apply_overrides(ProfilerConfig(), shlex.split(text))
+    assert [str(p) for p in direct.value.problems] == expected
+    with pytest.raises(ConfigError) as info:
+        read_environment({ENV_OVERRIDES: text})
+    assert [str(p) for p in info.value.problems] == [f"TORCHSTEP_PROF_OVERRIDES: {line}" for line in expected]
+
+
 def test_hook_tuning_waits_for_a_config_with_a_hook() -> None:
     # The layer is applied at every scope, also at those entered before the code's on_finish:
     # tuning the code's hook must not fail there for want of a command.
