@@ -326,10 +326,11 @@ def schedule(
     active: int = 1,
     repeat: int = 1,
 ) -> contextlib.AbstractContextManager[ProfilerConfig]:
-    """Profile chosen steps: an explicit list, or torch.profiler's cycle.
+    """Profile chosen steps: an explicit list of step numbers (>= 0), or torch.profiler's cycle,
+    which counts steps from 1 (a step 0 is selected only by an explicit list).
 
     >>> import torchstep_prof as tsp
-    >>> with tsp.schedule(steps=[1, 3]):          # steps 1 and 3
+    >>> with tsp.schedule(steps=[0, 3]):          # steps 0 and 3
     ...     pass
     >>> with tsp.schedule(wait=1, warmup=1, active=2, repeat=0):  # 3,4 then 7,8 then ...
     ...     pass
