@@ -162,6 +162,14 @@ def test_reading_an_unchanged_environment_is_cheap(tmp_path: Path) -> None:
              "summary, process_role, ranks, all_ranks, contents, schedule, finish_hook)"],
         ),
         (
+            {ENV_CONFIG: "bad.yaml", ENV_OVERRIDES: "gzip=2 shedule.wait=1"},
+            ["TORCHSTEP_PROF_CONFIG=bad.yaml: schedule.wait: must be >= 0 (got -1)",
+             "TORCHSTEP_PROF_CONFIG=bad.yaml: colour: unknown key (allowed: enable, save_path, discrete, gzip, "
+             "summary, process_role, ranks, all_ranks, contents, schedule, finish_hook)",
+             "TORCHSTEP_PROF_OVERRIDES: shedule: unknown key in override 'shedule.wait=1' (did you mean 'schedule'?)",
+             "TORCHSTEP_PROF_OVERRIDES: gzip: must be true or false (got 2)"],
+        ),
+        (
             {ENV_CONFIG: "good.yaml", ENV_OVERRIDES: "schedule.steps=[-1]"},
             ["TORCHSTEP_PROF_OVERRIDES: schedule.steps[0]: must be >= 0 (got -1)"],
         ),

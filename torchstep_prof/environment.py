@@ -160,16 +160,22 @@ def _file_identity(path: str | None) -> tuple[int, ...] | None:
 
 def _parse(path: str | None, overrides_text: str | None) -> EnvironmentLayer:
     config = None
+    problems: list[Problem] = []  # a bad file and bad overrides are reported together
     if path is not None:
         from .config_files import load_config
 
         try:
             config = load_config(path)
         except ConfigError as exc:
-            raise _from_variable(exc, ENV_CONFIG, path) from None
+            problems += _from_variable(exc, ENV_CONFIG, path).problems
     overrides: tuple[Override, ...] = ()
     if overrides_text is not None:
-        overrides = _parse_overrides(overrides_text, config or ProfilerConfig())
+        try:
+            overrides = _parse_overrides(overrides_text, config or ProfilerConfig())
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
     layer = EnvironmentLayer(
         config_path=path,
         config=config,
