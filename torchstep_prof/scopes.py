@@ -15,10 +15,9 @@ import contextvars
 import itertools
 import os
 import threading
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union, cast
+from typing import Any, Iterator, Optional, Sequence, Union, cast
 
-import attrs
-
+from ._scope_fields import evolve_checked
 from ._wrapping import around_each_call
 from .config import FinishHookConfig, ProfilerConfig, ScheduleConfig
 from .errors import ConfigError, Problem
@@ -219,7 +218,7 @@ class _Scope:
     def __init__(self, fields: dict[str, Any] | ProfilerConfig, problems: Sequence[Problem] = ()) -> None:
         if not isinstance(fields, ProfilerConfig):
             # A bad key or value fails at the call, not at entry, all problems in one error.
-            _evolve(ProfilerConfig(), fields, list(problems))
+            evolve_checked(ProfilerConfig(), fields, list(problems))
         self._fields = fields
 
     def __enter__(self) -> ProfilerConfig:
@@ -249,7 +248,7 @@ def _pushed(fields: dict[str, Any] | ProfilerConfig) -> Iterator[ProfilerConfig]
 
     parent = current_frame()
     base = _CODE_CONFIG.get(ProfilerConfig())
-    code_config = fields if isinstance(fields, ProfilerConfig) else _evolve(base, fields)
+    code_config = fields if isinstance(fields, ProfilerConfig) else evolve_checked(base, fields)
     sets_hook = isinstance(fields, ProfilerConfig) or "finish_hook" in fields
     frame = _frame_for(code_config, parent, sets_hook)
     frame_token = _STACK.set(frame)
@@ -266,45 +265,6 @@ def _pushed(fields: dict[str, Any] | ProfilerConfig) -> Iterator[ProfilerConfig]
 # The code's config at each depth, kept beside the frames so that the environment layer is
 # applied exactly once on top of it (never to an already-overridden config).
 _CODE_CONFIG: contextvars.ContextVar[ProfilerConfig] = contextvars.ContextVar("torchstep_prof_code_config")
-
-_FIELD_NAMES = tuple(a.name for a in attrs.fields(ProfilerConfig))
-
-
-_SECTIONS = {"schedule": ScheduleConfig, "finish_hook": FinishHookConfig}
-
-
-def _evolve(base: ProfilerConfig, fields: Mapping[str, Any], problems: Optional[list[Problem]] = None) -> ProfilerConfig:
-    """``base`` with ``fields`` set; one ``ConfigError`` listing every problem (unknown keys,
-    bad values, bad sections, plus any already in ``problems``), as a config file gets."""
-    from .converter import from_dict, suggest
-
-    problems = list(problems or ())
-    values: dict[str, Any] = {}
-    for name, value in fields.items():
-        if name not in _FIELD_NAMES:
-            problems.append(Problem(name, f"unknown key ({suggest(name, _FIELD_NAMES)})"))
-        elif name in _SECTIONS and isinstance(value, Mapping):
-            try:
-                values[name] = from_dict(value, _SECTIONS[name])
-            except ConfigError as exc:
-                problems += exc.under(name).problems
-        else:
-            values[name] = value
-    try:
-        result = attrs.evolve(base, **values)
-    except ConfigError as exc:
-        problems += exc.problems
-    if problems:
-        order = list(fields)
-        raise ConfigError(sorted(problems, key=lambda p: _position(p, order)))
-    return result
-
-
-def _position(problem: Problem, order: list[str]) -> int:
-    """Where a problem's field was given, so the report reads like the call."""
-    head = problem.path.split(".", 1)[0].split("[", 1)[0]
-    return order.index(head) if head in order else -1
-
 
 def effective_config() -> ProfilerConfig:
     """The configuration a region entered here would use (scopes and environment applied).
@@ -358,7 +318,7 @@ def ranks(*ranks: Union[int, Sequence[int]], all_ranks: bool = False) -> context
     chosen: tuple[Any, ...] = ranks
     if len(ranks) == 1 and isinstance(ranks[0], (list, tuple, range)):
         chosen = tuple(ranks[0])
-    problems = []
+    problems: list[Problem] = []
     if not chosen and all_ranks is False:
         problems.append(Problem("ranks", "name at least one rank, or pass all_ranks=True (got none)"))
     return _Scope({"ranks": chosen or (0,), "all_ranks": all_ranks}, problems)
@@ -436,6 +396,6 @@ def configure(
         problems.append(Problem("config", f"must be a ProfilerConfig, the path of a config file or None "
                                           f"(got {config!r})"))
     if problems:  # the fields are still checked, against the defaults, for the same error
-        _evolve(ProfilerConfig(), fields, problems)
+        evolve_checked(ProfilerConfig(), fields, problems)
     loaded = cast(ProfilerConfig, config)  # anything else was reported above
-    return _Scope(_evolve(loaded, fields) if fields else loaded)
+    return _Scope(evolve_checked(loaded, fields) if fields else loaded)
