@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import functools
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -286,11 +285,7 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
+    if isinstance(value, float):  # always finite: the config classes refuse inf and nan
         return repr(value)  # '300.0', '1e-05': both valid TOML floats
     if isinstance(value, str):
         return _toml_string(value)
