@@ -7,6 +7,7 @@ every problem (``schedule.wait: must be >= 0 (got -1)``). Change a config with
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -74,7 +75,7 @@ def _seconds(*, allow_zero: bool) -> _Check:
     def check(key: str, value: Any) -> list[Problem]:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return [Problem(key, f"must be a number of seconds (got {value!r})")]
-        if value != value or value in (float("inf"), float("-inf")):
+        if isinstance(value, float) and not math.isfinite(value):
             return [Problem(key, f"must be a finite number of seconds (got {value!r})")]
         if value < 0 or (value == 0 and not allow_zero):
             bound = ">= 0" if allow_zero else "> 0"
@@ -96,8 +97,8 @@ def _text(key: str, value: Any) -> list[Problem]:
     return []
 
 
-# Torch writes the trace's own path into the JSON unescaped, and a newline breaks its rename: such
-# a folder is refused up front instead of failing as a write error blamed on the disk.
+# Torch writes the trace's own path (traceName) into the JSON with its weak escaping, and a newline
+# breaks the export: such a folder is refused up front, not failed later as a write blamed on the disk.
 _PATH_FORBIDDEN = frozenset('"\\') | frozenset(map(chr, range(0x20))) | frozenset(map(chr, range(0x7F, 0xA0)))
 
 
