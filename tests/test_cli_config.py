@@ -82,8 +82,9 @@ def test_a_bad_environment_exits_1_naming_the_variable(
     assert main(["config"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.splitlines() == [
-        "TORCHSTEP_PROF_OVERRIDES: shedule: unknown key in override 'shedule.active=2' (did you mean 'schedule'?)"
+    assert captured.err.splitlines() == [  # the well-formed override's bad value too
+        "TORCHSTEP_PROF_OVERRIDES: shedule: unknown key in override 'shedule.active=2' (did you mean 'schedule'?)",
+        "TORCHSTEP_PROF_OVERRIDES: schedule.wait: must be >= 0 (got -1)",
     ]
     monkeypatch.setenv(ENV_OVERRIDES, "schedule.wait=-1")
     assert main(["config"]) == 1

@@ -141,6 +141,46 @@ BAD_FILES = [
         b'{"finish_hook": {"cmd": ["up", 3], "per_nod": true}}',
         ["finish_hook.cmd[1]: must be a string (got 3)", "finish_hook.per_nod: unknown key (did you mean 'per_node'?)"],
     ),
+    # A key given twice is an error (YAML and JSON parsers keep the last silently), reported with
+    # the problems of the values kept.
+    (
+        "c.yaml",
+        b"gzip: true\nschedule:\n  steps: [1]\n  steps: [-2]\ngzip: false\n",
+        ["schedule.steps: duplicate key at line 4, column 3 (first at line 3); a key may appear once",
+         "gzip: duplicate key at line 5, column 1 (first at line 1); a key may appear once",
+         "schedule.steps[0]: must be >= 0 (got -2)"],
+    ),
+    (
+        "c.yml",
+        b"finish_hook: {cmd: [up], cmd: x}\n",
+        ["finish_hook.cmd: duplicate key at line 1, column 26 (first at line 1); a key may appear once"],
+    ),
+    (
+        "c.json",
+        b'{"ranks": [0], "schedule": {"wait": 1, "wait": 2}, "ranks": [1]}',
+        ["ranks: duplicate key (given more than once in one object); a key may appear once",
+         "schedule.wait: duplicate key (given more than once in one object); a key may appear once"],
+    ),
+    # Non-finite numbers, however spelled, are errors under their key path.
+    (
+        "c.yaml",
+        b"schedule: {wait: 1e400, active: .inf}\nranks: [.nan]\nfinish_hook: {cmd: x, timeout_s: -.inf}\n",
+        ["ranks[0]: must be a finite number (got nan)", "schedule.wait: must be a finite number (got inf)",
+         "schedule.active: must be a finite number (got inf)",
+         "finish_hook.timeout_s: must be a finite number (got -inf)"],
+    ),
+    (
+        "c.json",
+        b'{"schedule": {"wait": 1e400}, "finish_hook": {"cmd": "x", "node_wait_s": NaN, "timeout_s": Infinity}}',
+        ["schedule.wait: must be a finite number (got inf)", "finish_hook.node_wait_s: must be a finite number (got nan)",
+         "finish_hook.timeout_s: must be a finite number (got inf)"],
+    ),
+    (
+        "c.toml",
+        b'[schedule]\nwait = 1e400\n[finish_hook]\ncmd = "x"\ntimeout_s = inf\nnode_wait_s = nan\n',
+        ["schedule.wait: must be a finite number (got inf)", "finish_hook.node_wait_s: must be a finite number (got nan)",
+         "finish_hook.timeout_s: must be a finite number (got inf)"],
+    ),
 ]
 
 
@@ -192,6 +232,7 @@ def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 )
 @pytest.mark.parametrize("ext", [".json", ".yaml", ".toml"])
 def test_tricky_strings_survive_every_format(tmp_path: Path, ext: str, text: str) -> None:
-    cfg = ProfilerConfig(save_path=text, finish_hook=FinishHookConfig(cmd=["run", text], relocate=(text,)))
+    # Not in save_path: that refuses '"', '\\' and control characters (test_save_path_characters).
+    cfg = ProfilerConfig(process_role=f"r{text}", finish_hook=FinishHookConfig(cmd=["run", text], relocate=(text,)))
     dump_config(cfg, tmp_path / f"c{ext}")
     assert load_config(tmp_path / f"c{ext}") == cfg

@@ -18,7 +18,7 @@ from torchstep_prof.errors import ConfigError
 
 ALL_TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook"
 SCHEDULE_KEYS = "steps, skip_first, wait, warmup, active, repeat"
-HOOK_KEYS = "cmd, ranks, all_ranks, per_node, node_wait_s, timeout_s, relocate"
+HOOK_KEYS = "cmd, ranks, all_ranks, per_node, node_wait_s, timeout_s, relocate, wait"
 CONTENTS = "cpu, cuda, memory, shapes, stack, flops, modules"
 
 
@@ -133,7 +133,7 @@ BAD_DICTS = [
     ({"schedule": {"warmup": True}}, ["schedule.warmup: must be an integer (got True)"]),
     ({"schedule": {"steps": []}}, ["schedule.steps: must list at least one value (got [])"]),
     ({"schedule": {"steps": 3}}, ["schedule.steps: must be a list of integers (got 3)"]),
-    ({"schedule": {"steps": [0]}}, ["schedule.steps[0]: must be >= 1 (got 0)"]),
+    ({"schedule": {"steps": [-1]}}, ["schedule.steps[0]: must be >= 0 (got -1)"]),
     ({"schedule": {"steps": [2, 2]}}, ["schedule.steps: must not repeat a value (got [2, 2]; repeated [2])"]),
     (
         {"schedule": {"steps": [2], "wait": 1}},

@@ -162,8 +162,16 @@ def test_reading_an_unchanged_environment_is_cheap(tmp_path: Path) -> None:
              "summary, process_role, ranks, all_ranks, contents, schedule, finish_hook)"],
         ),
         (
-            {ENV_CONFIG: "good.yaml", ENV_OVERRIDES: "schedule.steps=[0]"},
-            ["TORCHSTEP_PROF_OVERRIDES: schedule.steps[0]: must be >= 1 (got 0)"],
+            {ENV_CONFIG: "bad.yaml", ENV_OVERRIDES: "gzip=2 shedule.wait=1"},
+            ["TORCHSTEP_PROF_CONFIG=bad.yaml: schedule.wait: must be >= 0 (got -1)",
+             "TORCHSTEP_PROF_CONFIG=bad.yaml: colour: unknown key (allowed: enable, save_path, discrete, gzip, "
+             "summary, process_role, ranks, all_ranks, contents, schedule, finish_hook)",
+             "TORCHSTEP_PROF_OVERRIDES: shedule: unknown key in override 'shedule.wait=1' (did you mean 'schedule'?)",
+             "TORCHSTEP_PROF_OVERRIDES: gzip: must be true or false (got 2)"],
+        ),
+        (
+            {ENV_CONFIG: "good.yaml", ENV_OVERRIDES: "schedule.steps=[-1]"},
+            ["TORCHSTEP_PROF_OVERRIDES: schedule.steps[0]: must be >= 0 (got -1)"],
         ),
     ],
 )
@@ -176,6 +184,29 @@ def test_a_bad_environment_names_its_variable(tmp_path: Path, monkeypatch: pytes
         with pytest.raises(ConfigError) as info:
             read_environment(environ)
         assert [str(p) for p in info.value.problems] == expected
+
+
+def test_five_bad_overrides_are_all_listed_as_apply_overrides_lists_them() -> None:
+    # The malformed ones and the bad value of a well-formed one (`schedule.wait=-1`) together.
+    import shlex
+
+    from torchstep_prof.overrides import apply_overrides
+
+    text = "schedule.wait=-1 noequals sav_path=x 'ranks=[a' gzip=maybe"
+    expected = [
+        "override 'noequals' has no '=' (expected key=value, e.g. schedule.steps=[1,3])",
+        "sav_path: unknown key in override 'sav_path=x' (did you mean 'save_path'?)",
+        "ranks: override 'ranks=[a' has a value that is not valid YAML (expected ',' or ']', but got "
+        "'<stream end>' at column 3)",
+        "gzip: must be true or false (got 'maybe')",
+        "schedule.wait: must be >= 0 (got -1)",
+    ]
+    with pytest.raises(ConfigError) as direct:
+        apply_overrides(ProfilerConfig(), shlex.split(text))
+    assert [str(p) for p in direct.value.problems] == expected
+    with pytest.raises(ConfigError) as info:
+        read_environment({ENV_OVERRIDES: text})
+    assert [str(p) for p in info.value.problems] == [f"TORCHSTEP_PROF_OVERRIDES: {line}" for line in expected]
 
 
 def test_hook_tuning_waits_for_a_config_with_a_hook() -> None:

@@ -166,6 +166,24 @@ def test_bad_overrides(overrides: list, expected: list[str]) -> None:
     assert [str(p) for p in info.value.problems] == expected
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["schedule.wait=1e400"], ["schedule.wait: must be a finite number (got inf)"]),
+        (["finish_hook.cmd=x", "finish_hook.timeout_s=.inf", "finish_hook.node_wait_s=.nan"],
+         ["finish_hook.node_wait_s: must be a finite number (got nan)",
+          "finish_hook.timeout_s: must be a finite number (got inf)"]),
+        (["ranks=[0, -.inf]"], ["ranks[1]: must be a finite number (got -inf)"]),
+        (["schedule={steps: [1], steps: [2]}"],
+         ["schedule.steps: duplicate key at line 1, column 14 (first at line 1); a key may appear once"]),
+    ],
+)
+def test_non_finite_numbers_and_duplicate_keys_in_overrides(overrides: list[str], expected: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(ProfilerConfig(), overrides)
+    assert [str(p) for p in info.value.problems] == expected
+
+
 def test_every_problem_of_every_override_at_once() -> None:
     with pytest.raises(ConfigError) as info:
         apply_overrides(

@@ -7,6 +7,7 @@ every problem (``schedule.wait: must be >= 0 (got -1)``). Change a config with
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -74,7 +75,9 @@ def _seconds(*, allow_zero: bool) -> _Check:
     def check(key: str, value: Any) -> list[Problem]:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return [Problem(key, f"must be a number of seconds (got {value!r})")]
-        if value < 0 or (value == 0 and not allow_zero) or value != value:
+        if isinstance(value, float) and not math.isfinite(value):
+            return [Problem(key, f"must be a finite number of seconds (got {value!r})")]
+        if value < 0 or (value == 0 and not allow_zero):
             bound = ">= 0" if allow_zero else "> 0"
             return [Problem(key, f"must be {bound} (got {value!r})")]
         return []
@@ -91,6 +94,23 @@ def _bool(key: str, value: Any) -> list[Problem]:
 def _text(key: str, value: Any) -> list[Problem]:
     if not isinstance(value, str) or not value:
         return [Problem(key, f"must be a non-empty string (got {value!r})")]
+    return []
+
+
+# Torch writes the trace's own path (traceName) into the JSON with its weak escaping, and a newline
+# breaks the export: such a folder is refused up front, not failed later as a write blamed on the disk.
+_PATH_FORBIDDEN = frozenset('"\\') | frozenset(map(chr, range(0x20))) | frozenset(map(chr, range(0x7F, 0xA0)))
+
+
+def _save_path(key: str, value: Any) -> list[Problem]:
+    found = _text(key, value)
+    if found:
+        return found
+    bad = sorted({ch for ch in value if ch in _PATH_FORBIDDEN})
+    if bad:
+        listed = ", ".join(repr(ch) for ch in bad)
+        return [Problem(key, f"must not hold {listed} (got {value!r}; allowed: a path without "
+                             f"'\"', '\\' or control characters)")]
     return []
 
 
@@ -129,11 +149,13 @@ def _raise_if(problems: list[Problem]) -> None:
 
 @attrs.frozen(kw_only=True)
 class ScheduleConfig:
-    """Which steps are profiled (steps are numbered from 1).
+    """Which steps are profiled.
 
-    Either an explicit list, ``ScheduleConfig(steps=(1, 3))``, or torch.profiler's cycle: skip
-    ``skip_first`` steps, then ``repeat`` cycles of ``wait`` idle, ``warmup`` traced-and-discarded
-    and ``active`` recorded steps (``repeat=0`` cycles for as long as the scope lasts).
+    Either an explicit list of step numbers (integers >= 0), ``ScheduleConfig(steps=(0, 3))``,
+    or torch.profiler's cycle: skip ``skip_first`` steps, then ``repeat`` cycles of ``wait``
+    idle, ``warmup`` traced-and-discarded and ``active`` recorded steps (``repeat=0`` cycles for
+    as long as the scope lasts). The cycle counts steps from 1: step 1 is its first step, and a
+    step 0 is selected only by an explicit list.
 
     >>> ScheduleConfig(skip_first=1, wait=1, warmup=1, active=2, repeat=2).active
     2
@@ -150,7 +172,7 @@ class ScheduleConfig:
         problems = _validate(
             self,
             {
-                "steps": _optional(_int_list(minimum=1, unique=True, non_empty=True)),
+                "steps": _optional(_int_list(minimum=0, unique=True, non_empty=True)),
                 "skip_first": _int_at_least(0),
                 "wait": _int_at_least(0),
                 "warmup": _int_at_least(0),
@@ -273,7 +295,7 @@ class ProfilerConfig:
             self,
             {
                 "enable": _bool,
-                "save_path": _text,
+                "save_path": _save_path,
                 "discrete": _bool,
                 "gzip": _bool,
                 "summary": _bool,

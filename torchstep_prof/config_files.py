@@ -8,9 +8,9 @@ defaults, which are ``None``.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -42,12 +42,18 @@ def load_config(path: PathLike) -> ProfilerConfig:
         raise _file_error(path, f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
         raise _file_error(path, f"cannot be read ({exc.strerror or exc})") from None
-    data = _PARSERS[fmt](path, text)
+    data, problems = _PARSERS[fmt](path, text)
     if data is None and fmt == "yaml":
         data = {}  # an empty (or all-comments) YAML file means every default, as in TOML
     if not isinstance(data, dict):
         raise _file_error(path, f"must hold a mapping of keys to values at the top level (got {data!r})")
-    return from_dict(data, ProfilerConfig)
+    try:
+        cfg = from_dict(data, ProfilerConfig)
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:  # duplicate keys too: the values' problems (of the last copies) come with them
+        raise ConfigError(problems)
+    return cfg
 
 
 def dump_config(cfg: ProfilerConfig, path: PathLike) -> None:
@@ -106,12 +112,54 @@ def parse_yaml(text: str) -> Any:
     PyYAML follows YAML 1.1, where a float needs a dot and ``1e-3`` is a string; YAML 1.2, JSON
     and TOML read it as a number, and so does a person writing ``timeout_s: 1e-3``.
 
+    A key given twice in one mapping is a ``ConfigError`` naming its path (PyYAML would keep the
+    last one silently).
+
     >>> parse_yaml("timeout_s: 1e-3")
     {'timeout_s': 0.001}
+    >>> parse_yaml("schedule:\\n  steps: [1]\\n  steps: [2]\\n")
+    Traceback (most recent call last):
+    ...
+    torchstep_prof.errors.ConfigError: schedule.steps: duplicate key at line 3, column 3 (first at line 2); a key may appear once
     """
+    data, problems = _load_yaml(text)
+    if problems:
+        raise ConfigError(problems)
+    return data
+
+
+def _load_yaml(text: str) -> tuple[Any, list[Problem]]:
+    """The document (duplicate keys: the last one kept) and a problem for each duplicate key."""
+    loader = _yaml_loader()(text)
+    try:
+        node = loader.get_single_node()
+        data = None if node is None else loader.construct_document(node)
+        return data, _duplicate_keys(node, "")
+    finally:
+        loader.dispose()
+
+
+def _duplicate_keys(node: Any, path: str) -> list[Problem]:
+    """Every key repeated within one mapping of a composed YAML document, under its key path."""
     import yaml
 
-    return yaml.load(text, Loader=_yaml_loader())
+    problems: list[Problem] = []
+    if isinstance(node, yaml.MappingNode):
+        first_line: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            where = f"{path}.{key}" if path else str(key)
+            if key is not None and key in first_line:
+                mark = key_node.start_mark
+                problems.append(Problem(where, f"duplicate key at line {mark.line + 1}, column {mark.column + 1} "
+                                               f"(first at line {first_line[key]}); a key may appear once"))
+            elif key is not None:
+                first_line[key] = key_node.start_mark.line + 1
+            problems += _duplicate_keys(value_node, where)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            problems += _duplicate_keys(item, f"{path}[{index}]")
+    return problems
 
 
 _EXPONENT_FLOAT = r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"
@@ -157,18 +205,43 @@ def _file_error(path: PathLike, message: str) -> ConfigError:
 # --- readers: each turns a parser's complaint into one line naming the file and the place --------
 
 
-def _read_json(path: PathLike, text: str) -> Any:
+def _read_json(path: PathLike, text: str) -> tuple[Any, list[Problem]]:
     try:
-        return json.loads(text)
+        data = json.loads(text, object_pairs_hook=_JsonObject)
     except json.JSONDecodeError as exc:
         raise _file_error(path, f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    problems: list[Problem] = []
+    return _plain(data, "", problems), problems
 
 
-def _read_yaml(path: PathLike, text: str) -> Any:
+class _JsonObject(dict):  # type: ignore[type-arg]
+    """A JSON object that remembers the keys it was given more than once (``json`` keeps the
+    last silently); :func:`_plain` reports them under their key paths."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.repeated: list[str] = []
+        if len(self) != len(pairs):
+            counts = collections.Counter(key for key, _ in pairs)
+            self.repeated = [key for key in self if counts[key] > 1]
+
+
+def _plain(value: Any, path: str, problems: list[Problem]) -> Any:
+    if isinstance(value, _JsonObject):
+        for key in value.repeated:
+            where = f"{path}.{key}" if path else key
+            problems.append(Problem(where, "duplicate key (given more than once in one object); a key may appear once"))
+        return {k: _plain(v, f"{path}.{k}" if path else k, problems) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    return value
+
+
+def _read_yaml(path: PathLike, text: str) -> tuple[Any, list[Problem]]:
     import yaml
 
     try:
-        return parse_yaml(text)
+        return _load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -185,7 +258,7 @@ def _read_toml(path: PathLike, text: str) -> Any:
         import tomli as tomllib  # type: ignore[no-redef]
 
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(text), []  # TOML itself forbids a key given twice
     except tomllib.TOMLDecodeError as exc:
         # tomllib puts "(at line L, column C)" in its message.
         raise _file_error(path, f"invalid TOML: {exc}") from None
@@ -212,11 +285,7 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
+    if isinstance(value, float):  # always finite: the config classes refuse inf and nan
         return repr(value)  # '300.0', '1e-05': both valid TOML floats
     if isinstance(value, str):
         return _toml_string(value)

@@ -16,6 +16,7 @@ config classes' validators speak.
 from __future__ import annotations
 
 import functools
+import math
 import types
 import typing
 from typing import TYPE_CHECKING, Any, Mapping, TypeVar
@@ -125,6 +126,8 @@ def _structure_config(data: Any, cls: type[C]) -> C:
             problems.append(Problem(str(key), f"unknown key ({suggest(str(key), fields)})"))
         elif fields[key] is not None and value is not None:
             kwargs[key] = _structure_section(key, value, fields[key], problems)
+        elif _non_finite(str(key), value, problems):
+            continue  # 1e400 read as inf, or .nan: reported as itself, not as a wrong type
         else:
             # Lists become tuples (how the classes store them); every other value reaches the
             # validators exactly as given, so "1" or 1.5 for an int is reported, not coerced.
@@ -140,6 +143,18 @@ def _structure_config(data: Any, cls: type[C]) -> C:
     if problems:
         raise ConfigError(_in_field_order(problems, list(fields)))
     return instance
+
+
+def _non_finite(key: str, value: Any, problems: list[Problem]) -> bool:
+    """Add a problem for each non-finite number in ``value`` (a scalar or a list); True if any."""
+    items = enumerate(value) if isinstance(value, list) else [(None, value)]
+    found = [
+        Problem(key if i is None else f"{key}[{i}]", f"must be a finite number (got {item!r})")
+        for i, item in items
+        if isinstance(item, float) and not math.isfinite(item)
+    ]
+    problems += found
+    return bool(found)
 
 
 def _structure_section(key: str, value: Any, section: type, problems: list[Problem]) -> Any:

@@ -160,16 +160,22 @@ def _file_identity(path: str | None) -> tuple[int, ...] | None:
 
 def _parse(path: str | None, overrides_text: str | None) -> EnvironmentLayer:
     config = None
+    problems: list[Problem] = []  # a bad file and bad overrides are reported together
     if path is not None:
         from .config_files import load_config
 
         try:
             config = load_config(path)
         except ConfigError as exc:
-            raise _from_variable(exc, ENV_CONFIG, path) from None
+            problems += _from_variable(exc, ENV_CONFIG, path).problems
     overrides: tuple[Override, ...] = ()
     if overrides_text is not None:
-        overrides = _parse_overrides(overrides_text)
+        try:
+            overrides = _parse_overrides(overrides_text, config or ProfilerConfig())
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
     layer = EnvironmentLayer(
         config_path=path,
         config=config,
@@ -181,20 +187,26 @@ def _parse(path: str | None, overrides_text: str | None) -> EnvironmentLayer:
     return layer
 
 
-def _parse_overrides(text: str) -> tuple[Override, ...]:
+def _parse_overrides(text: str, base: ProfilerConfig) -> tuple[Override, ...]:
+    """The parsed overrides; when some do not parse, one error listing those and the value
+    problems of the others (checked against ``base``, as ``apply_overrides`` does)."""
     import shlex
 
-    from .overrides import parse_overrides
+    from .overrides import apply_overrides, parse_each
 
     try:
         words = shlex.split(text)
     except ValueError as exc:
         raise ConfigError([Problem("", f"{ENV_OVERRIDES}: cannot split {text!r} like a shell "
                                        f"command line ({exc})")]) from None
-    try:
-        return parse_overrides(words)
-    except ConfigError as exc:
-        raise _from_variable(exc, ENV_OVERRIDES) from None
+    overrides, problems = parse_each(words)
+    if problems:
+        try:
+            apply_overrides(base, _fitting(base, overrides))
+        except ConfigError as exc:
+            problems += exc.problems
+        raise _from_variable(ConfigError(problems), ENV_OVERRIDES) from None
+    return overrides
 
 
 def _sets_finish_hook(config: ProfilerConfig | None, overrides: tuple[Override, ...]) -> bool:

@@ -46,6 +46,20 @@ def parse_overrides(overrides: Iterable[str | Override]) -> tuple[Override, ...]
     >>> [o.value for o in parse_overrides(["schedule.steps=[1,3]", "finish_hook.cmd=echo hi"])]
     [[1, 3], 'echo hi']
     """
+    parsed, problems = parse_each(overrides)
+    if problems:
+        raise ConfigError(problems)
+    return parsed
+
+
+def parse_each(overrides: Iterable[str | Override]) -> tuple[tuple[Override, ...], list[Problem]]:
+    """The overrides that parse, and the problems of those that do not (all reported together
+    by whoever also checks the values: ``apply_overrides``, the environment's layer).
+
+    >>> parsed, problems = parse_each(["gzip=true", "noequals"])
+    >>> [o.key for o in parsed], [str(p) for p in problems]
+    (['gzip'], ["override 'noequals' has no '=' (expected key=value, e.g. schedule.steps=[1,3])"])
+    """
     parsed: list[Override] = []
     problems: list[Problem] = []
     for item in overrides:
@@ -56,9 +70,7 @@ def parse_overrides(overrides: Iterable[str | Override]) -> tuple[Override, ...]
             parsed.append(_parse_one(item))
         except ConfigError as exc:
             problems += exc.problems
-    if problems:
-        raise ConfigError(problems)
-    return tuple(parsed)
+    return tuple(parsed), problems
 
 
 def apply_overrides(cfg: ProfilerConfig, overrides: Iterable[str | Override]) -> ProfilerConfig:
@@ -74,15 +86,9 @@ def apply_overrides(cfg: ProfilerConfig, overrides: Iterable[str | Override]) ->
       override 'noequals' has no '=' (expected key=value, e.g. schedule.steps=[1,3])
       schedule.wait: must be >= 0 (got -1)
     """
-    parsed: list[Override] = []
-    problems: list[Problem] = []
-    for item in overrides:
-        # The well-formed ones are still applied (to a copy), so that their value problems
-        # come out in the same error as the malformed ones.
-        try:
-            parsed += parse_overrides([item])
-        except ConfigError as exc:
-            problems += exc.problems
+    # The well-formed ones are still applied (to a copy), so that their value problems come out
+    # in the same error as the malformed ones.
+    parsed, problems = parse_each(overrides)
     data = to_dict(cfg)
     done: set[tuple[str, ...]] = set()
     for override in parsed:
@@ -143,6 +149,8 @@ def _parse_value(text: str, path: tuple[str, ...], raw: str) -> Any:
         return _text_value(raw, path)
     try:
         value = parse_yaml(raw)
+    except ConfigError as exc:  # a key given twice: `schedule={steps: [1], steps: [2]}`
+        raise exc.under(".".join(path)) from None
     except yaml.YAMLError as exc:
         # Text that YAML cannot read (`@x`) is fine quoted; a broken list or quote is not text.
         hint = "" if raw.lstrip()[:1] in ("[", "{", "'", '"') else "; to pass text, quote it: key='...'"

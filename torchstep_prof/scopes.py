@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import difflib
 import itertools
 import os
 import threading
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union, cast
 
-import attrs
-
+from ._scope_fields import evolve_checked
 from ._wrapping import around_each_call
 from .config import FinishHookConfig, ProfilerConfig, ScheduleConfig
 from .errors import ConfigError, Problem
@@ -235,9 +233,10 @@ class _Scope:
 
     __slots__ = ("_fields",)
 
-    def __init__(self, fields: dict[str, Any] | ProfilerConfig) -> None:
+    def __init__(self, fields: dict[str, Any] | ProfilerConfig, problems: Sequence[Problem] = ()) -> None:
         if not isinstance(fields, ProfilerConfig):
-            _evolve(ProfilerConfig(), fields)  # a bad key or value fails at the call, not at entry
+            # A bad key or value fails at the call, not at entry, all problems in one error.
+            evolve_checked(ProfilerConfig(), fields, list(problems))
         self._fields = fields
 
     def __enter__(self) -> ProfilerConfig:
@@ -267,7 +266,7 @@ def _pushed(fields: dict[str, Any] | ProfilerConfig) -> Iterator[ProfilerConfig]
 
     parent = current_frame()
     base = _CODE_CONFIG.get(ProfilerConfig())
-    code_config = fields if isinstance(fields, ProfilerConfig) else _evolve(base, fields)
+    code_config = fields if isinstance(fields, ProfilerConfig) else evolve_checked(base, fields)
     sets_hook = isinstance(fields, ProfilerConfig) or "finish_hook" in fields
     frame = _frame_for(code_config, parent, sets_hook)
     frame_token = _STACK.set(frame)
@@ -284,31 +283,6 @@ def _pushed(fields: dict[str, Any] | ProfilerConfig) -> Iterator[ProfilerConfig]
 # The code's config at each depth, kept beside the frames so that the environment layer is
 # applied exactly once on top of it (never to an already-overridden config).
 _CODE_CONFIG: contextvars.ContextVar[ProfilerConfig] = contextvars.ContextVar("torchstep_prof_code_config")
-
-_FIELD_NAMES = tuple(a.name for a in attrs.fields(ProfilerConfig))
-
-
-def _evolve(base: ProfilerConfig, fields: dict[str, Any]) -> ProfilerConfig:
-    unknown = [name for name in fields if name not in _FIELD_NAMES]
-    if unknown:
-        problems = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, _FIELD_NAMES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (allowed: {', '.join(_FIELD_NAMES)})"
-            problems.append(Problem(name, f"unknown key{hint}"))
-        raise ConfigError(problems)
-    sections = {"schedule": ScheduleConfig, "finish_hook": FinishHookConfig}
-    values = dict(fields)
-    for name, cls in sections.items():
-        if isinstance(values.get(name), dict):
-            from .converter import from_dict
-
-            try:
-                values[name] = from_dict(values[name], cls)
-            except ConfigError as exc:
-                raise exc.under(name) from None
-    return attrs.evolve(base, **values)
-
 
 def effective_config() -> ProfilerConfig:
     """The configuration a region entered here would use (scopes and environment applied).
@@ -330,14 +304,17 @@ def schedule(
     active: int = 1,
     repeat: int = 1,
 ) -> contextlib.AbstractContextManager[ProfilerConfig]:
-    """Profile chosen steps: an explicit list, or torch.profiler's cycle.
+    """Profile chosen steps: an explicit list of step numbers (>= 0), or torch.profiler's cycle,
+    which counts steps from 1 (a step 0 is selected only by an explicit list).
 
     >>> import torchstep_prof as tsp
-    >>> with tsp.schedule(steps=[1, 3]):          # steps 1 and 3
+    >>> with tsp.schedule(steps=[0, 3]):          # steps 0 and 3
     ...     pass
     >>> with tsp.schedule(wait=1, warmup=1, active=2, repeat=0):  # 3,4 then 7,8 then ...
     ...     pass
     """
+    if isinstance(steps, Sequence) and not isinstance(steps, (str, bytes)):
+        steps = tuple(steps)  # range(0, 10, 2) too
     try:
         config = ScheduleConfig(
             steps=steps, skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat
@@ -359,9 +336,10 @@ def ranks(*ranks: Union[int, Sequence[int]], all_ranks: bool = False) -> context
     chosen: tuple[Any, ...] = ranks
     if len(ranks) == 1 and isinstance(ranks[0], (list, tuple, range)):
         chosen = tuple(ranks[0])
-    if not chosen and not all_ranks:
-        raise ConfigError([Problem("ranks", "name at least one rank, or pass all_ranks=True (got none)")])
-    return _Scope({"ranks": chosen or (0,), "all_ranks": all_ranks})
+    problems: list[Problem] = []
+    if not chosen and all_ranks is False:
+        problems.append(Problem("ranks", "name at least one rank, or pass all_ranks=True (got none)"))
+    return _Scope({"ranks": chosen or (0,), "all_ranks": all_ranks}, problems)
 
 
 def contents(*items: str) -> contextlib.AbstractContextManager[ProfilerConfig]:
@@ -371,7 +349,10 @@ def contents(*items: str) -> contextlib.AbstractContextManager[ProfilerConfig]:
     >>> with tsp.contents("cpu", "shapes", "memory"):
     ...     pass
     """
-    return _Scope({"contents": items})
+    chosen: tuple[Any, ...] = items
+    if len(items) == 1 and isinstance(items[0], (list, tuple)):
+        chosen = tuple(items[0])
+    return _Scope({"contents": chosen})
 
 
 def on_finish(
@@ -393,7 +374,9 @@ def on_finish(
     """
     try:
         hook = FinishHookConfig(
-            cmd=list(cmd) if not isinstance(cmd, str) else cmd,
+            # Anything but a string or a list/tuple reaches the validator as given (None, 5):
+            # "finish_hook.cmd: must be a string or a list of strings (got None)".
+            cmd=list(cmd) if isinstance(cmd, (list, tuple)) else cmd,
             ranks=ranks,
             all_ranks=all_ranks,
             per_node=per_node,
@@ -419,8 +402,18 @@ def configure(
     """
     if config is None:
         return _Scope(fields)
-    if not isinstance(config, ProfilerConfig):
+    problems: list[Problem] = []
+    if isinstance(config, (str, os.PathLike)):
         from .config_files import load_config
 
-        config = load_config(config)
-    return _Scope(_evolve(config, fields) if fields else config)
+        try:
+            config = load_config(config)
+        except ConfigError as exc:
+            problems += exc.problems
+    elif not isinstance(config, ProfilerConfig):
+        problems.append(Problem("config", f"must be a ProfilerConfig, the path of a config file or None "
+                                          f"(got {config!r})"))
+    if problems:  # the fields are still checked, against the defaults, for the same error
+        evolve_checked(ProfilerConfig(), fields, problems)
+    loaded = cast(ProfilerConfig, config)  # anything else was reported above
+    return _Scope(evolve_checked(loaded, fields) if fields else loaded)

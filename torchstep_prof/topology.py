@@ -3,7 +3,9 @@
 Global rank and world size come from ``torch.distributed`` when a default process group exists,
 else from the ``RANK`` / ``WORLD_SIZE`` variables torchrun sets, else ``0`` of ``1``. Local rank
 and local world size come from ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``; without them a process is
-taken to be alone on its node with its global rank (``mp.spawn`` on one host).
+taken to be alone on its node with its global rank (``mp.spawn`` on one host). Values that make
+no sense (``RANK=-1``, ``RANK=5 WORLD_SIZE=2``, ``WORLD_SIZE=0``, ``RANK=abc``) give one warning
+and ``0`` of ``1`` (local rank ``0`` of ``1`` for ``LOCAL_*`` ones), so every file name parses.
 """
 
 from __future__ import annotations
@@ -25,17 +27,6 @@ class Topology:
     world_size: int
     local_rank: int
     local_world_size: int
-
-
-def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
-    raw = environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        warn(f"torchstep_prof: ignoring {name}={raw!r} (not an integer); using {default}", stacklevel=3)
-        return default
 
 
 _GROUP_MEMBER: Any = None  # torch.distributed.GroupMember, once torch.distributed is imported
@@ -60,18 +51,87 @@ def distributed_initialized() -> bool:
 
 
 def _resolve(group: Any, environ: Mapping[str, str]) -> Topology:
-    rank = _env_int(environ, "RANK", 0)
-    world_size = _env_int(environ, "WORLD_SIZE", 1)
+    problems: list[str] = []
     if group is not None:
         import torch.distributed as dist
 
         rank, world_size = dist.get_rank(), dist.get_world_size()
-    return Topology(
-        rank=rank,
-        world_size=world_size,
-        local_rank=_env_int(environ, "LOCAL_RANK", rank),
-        local_world_size=_env_int(environ, "LOCAL_WORLD_SIZE", world_size),
-    )
+    else:
+        rank, world_size = _checked_pair(environ, ("RANK", 0), ("WORLD_SIZE", 1), problems)
+    if problems:
+        rank, world_size, local_rank, local_world_size = 0, 1, 0, 1
+    else:
+        # Without LOCAL_* a process is taken to be alone on its node with its global rank.
+        local_rank, local_world_size = _checked_pair(
+            environ, ("LOCAL_RANK", rank), ("LOCAL_WORLD_SIZE", world_size), problems, at_most=world_size
+        )
+        if problems:
+            # Alone on its node: a per-node hook then runs here rather than wait for node-mates
+            # that may not exist (or leave this node's traces to an uploader that is not there).
+            local_rank, local_world_size = 0, 1
+    if problems:
+        _warn_once(
+            f"torchstep_prof: ignoring a rank environment that makes no sense ({'; '.join(problems)}); "
+            f"using rank {rank} of {world_size}, local rank {local_rank} of {local_world_size}"
+        )
+    return Topology(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size)
+
+
+def _checked_pair(
+    environ: Mapping[str, str],
+    index: tuple[str, int],
+    size: tuple[str, int],
+    problems: list[str],
+    at_most: Optional[int] = None,
+) -> tuple[Any, Any]:
+    """An (index, size) pair such as ``RANK`` / ``WORLD_SIZE``, unset ones at their defaults;
+    ``(None, None)`` with a line added to ``problems`` for each rule broken (an integer, index
+    >= 0, size >= 1, index below size, size at most ``at_most``)."""
+    (index_name, index_default), (size_name, size_default) = index, size
+    found = len(problems)
+    index_value = _integer(environ, index_name, index_default, 0, problems)
+    size_value = _integer(environ, size_name, size_default, 1, problems)
+    if len(problems) == found and index_value >= size_value:
+        problems.append(f"{_shown(environ, index_name, index_value)} is not below "
+                        f"{_shown(environ, size_name, size_value)}")
+    if len(problems) == found and at_most is not None and size_value > at_most:
+        problems.append(f"{_shown(environ, size_name, size_value)} is more than the world size {at_most}")
+    return (index_value, size_value) if len(problems) == found else (None, None)
+
+
+def _integer(environ: Mapping[str, str], name: str, default: int, minimum: int, problems: list[str]) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        problems.append(f"{_shown(environ, name)} is not an integer")
+        return default
+    if value < minimum:
+        problems.append(f"{_shown(environ, name)} is not >= {minimum}")
+    return value
+
+
+def _shown(environ: Mapping[str, str], name: str, default: Optional[int] = None) -> str:
+    """``RANK=5`` as a shell would write it; ``WORLD_SIZE unset (1)`` for a default."""
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return f"{name} (unset: {default})"
+    import shlex
+
+    return f"{name}={shlex.quote(raw)}"
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    # Once per process and message: the topology is resolved again after a fork or a new
+    # process group, and a DataLoader worker need not repeat its parent's warning.
+    if message not in _warned:
+        _warned.add(message)
+        warn(message, stacklevel=4)
 
 
 # (process group it was computed for, topology). The environment of a process does not change
@@ -96,10 +156,15 @@ def current_topology() -> Topology:
 
 
 def forget_topology() -> None:
-    """Drop the cached answer (tests that change ``RANK`` in-process)."""
+    """Drop the cached answer and the warnings given (tests that change ``RANK`` in-process)."""
+    _forget_cache()
+    _warned.clear()
+
+
+def _forget_cache() -> None:
     global _cached
     _cached = None
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=forget_topology)
+    os.register_at_fork(after_in_child=_forget_cache)

@@ -1,0 +1,48 @@
+"""Scope arguments checked and applied: every problem of a call in one ``ConfigError``."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import attrs
+
+from .config import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from .errors import ConfigError, Problem
+
+_FIELD_NAMES = tuple(a.name for a in attrs.fields(ProfilerConfig))
+_SECTIONS = {"schedule": ScheduleConfig, "finish_hook": FinishHookConfig}
+
+
+def evolve_checked(
+    base: ProfilerConfig, fields: Mapping[str, Any], problems: Optional[list[Problem]] = None
+) -> ProfilerConfig:
+    """``base`` with ``fields`` set; one ``ConfigError`` listing every problem (unknown keys,
+    bad values, bad sections, plus any already in ``problems``), as a config file gets."""
+    from .converter import from_dict, suggest
+
+    problems = list(problems or ())
+    values: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name not in _FIELD_NAMES:
+            problems.append(Problem(name, f"unknown key ({suggest(name, _FIELD_NAMES)})"))
+        elif name in _SECTIONS and isinstance(value, Mapping):
+            try:
+                values[name] = from_dict(value, _SECTIONS[name])
+            except ConfigError as exc:
+                problems += exc.under(name).problems
+        else:
+            values[name] = value
+    try:
+        result = attrs.evolve(base, **values)
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        order = list(fields)
+        raise ConfigError(sorted(problems, key=lambda p: _position(p, order)))
+    return result
+
+
+def _position(problem: Problem, order: list[str]) -> int:
+    """Where a problem's field was given, so the report reads like the call."""
+    head = problem.path.split(".", 1)[0].split("[", 1)[0]
+    return order.index(head) if head in order else -1
