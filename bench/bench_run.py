@@ -66,7 +66,43 @@ def run(quick: bool = False) -> Report:
         ratio_target("run_not_profiling", plain, profiled, LIMIT, "torchstep-prof run vs python SCRIPT, no step profiled")
     )
     report.notes.append(f"{rounds} children each, {steps} steps a child, medians of the per-step times")
+    in_process(report, quick)
     return report
+
+
+def in_process(report: Report, quick: bool) -> None:
+    """The same step in this process with the run's hooks installed and removed round by round:
+    free of the between-process noise of a shared machine."""
+    import tempfile
+
+    _timing.clean_environment()
+    import torchstep_prof as tsp
+    from torchstep_prof.scopes import current_frame
+    from torchstep_prof.zero_code import StepDriver
+
+    mlp_step = _timing.make_mlp_step(width=512, batch=64, layers=3)
+    with tempfile.TemporaryDirectory() as scratch, tsp.configure(save_path=scratch, summary=False, discrete=False), \
+            tsp.schedule(steps=[100000]):  # fmt: skip
+        driver = StepDriver(current_frame())
+
+        def with_hooks() -> float:
+            driver.install()
+            try:
+                return _timing.loop("step()", 20, {"step": mlp_step})()
+            finally:
+                driver.close()
+
+        samples = _timing.interleave({"bare": _timing.loop("step()", 20, {"step": mlp_step}), "run": with_hooks},
+                                     rounds=6 if quick else 20)  # fmt: skip
+    from torchstep_prof.record_store import STORE
+
+    STORE.clear()  # close() noted that no step was profiled: not this bench's summary
+    report.add(stat("in process: training step, no hooks", samples["bare"]))
+    report.add(stat("in process: training step, run's hooks installed", samples["run"]))
+    report.targets.append(
+        ratio_target("run_hooks_in_process", samples["bare"], samples["run"], LIMIT,
+                     "the same step with and without run's optimizer hooks, one process")  # fmt: skip
+    )
 
 
 if __name__ == "__main__":
