@@ -133,6 +133,15 @@ def test_a_script_without_an_optimizer_writes_nothing_and_says_so(tmp_path):
     assert "no step boundary was seen" in done.stdout
 
 
+def test_a_step_no_optimizer_step_ended_is_dropped(tmp_path):
+    # Step 5 is armed after the 4th optimizer step and begins at the evaluation's forward.
+    done = tsp_run(["--steps", "4,5"], ["--steps", "4", "--eval-after"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    (trace,) = traces(tmp_path / "outputs" / "profile")
+    assert "_step4_" in trace.name
+    assert "step 5 began but no optimizer step ended it" in done.stdout
+
+
 def test_config_file_then_command_line_then_environment(tmp_path):
     (tmp_path / "profile.yaml").write_text("schedule:\n  steps: [1]\nsave_path: from-file\ngzip: false\n")
     options = ["--config", "profile.yaml", "--save-path", "from-cli", "--set", "process_role=learner",
@@ -189,12 +198,14 @@ def test_a_module_runs_as_python_m_runs_it(tmp_path):
 
 def test_consecutive_selected_steps_never_crash(tmp_path):
     """Ending one trace and starting the next around an optimizer step crashed about half the
-    time when the start ran inside torch's Optimizer.step range: 10 runs of steps 2,3,4."""
+    time when the start ran inside torch's Optimizer.step range: 10 runs of steps 2,3,4, half of
+    them with a --region."""
 
     def one(index: int) -> tuple[int, list[str], str]:
         folder = tmp_path / f"run{index}"
         folder.mkdir()
-        done = tsp_run(["--steps", "2,3,4"], ["--steps", "5"], folder)
+        regions = ["--region", "Encoder"] if index % 2 else []  # module hooks on and off too
+        done = tsp_run(["--steps", "2,3,4", *regions], ["--steps", "5"], folder)
         return done.returncode, [p.name.split("_")[2] for p in traces(folder / "outputs" / "profile")], done.stderr
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:

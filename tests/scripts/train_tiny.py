@@ -1,7 +1,7 @@
 """A tiny training script that knows nothing of torchstep_prof (profiled by `torchstep-prof run`).
 
     python train_tiny.py --steps 4 [--exit-code N | --exit-message TEXT | --raise TEXT]
-                         [--report FILE] [--no-optimizer] [--accumulate K] [--dist]
+                         [--report FILE] [--no-optimizer] [--accumulate K] [--dist] [--eval-after]
 
 ``--report FILE`` writes what the interpreter gave the script (argv, __file__, sys.path[0], ...)
 as JSON: the tests compare it with a plain ``python`` run.
@@ -59,6 +59,7 @@ def main() -> int:
     parser.add_argument("--no-optimizer", action="store_true")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--dist", action="store_true")
+    parser.add_argument("--eval-after", action="store_true", help="one forward after training")
     args = parser.parse_args()
     if args.touch:
         open(args.touch, "w").close()
@@ -91,6 +92,9 @@ def main() -> int:
         if not args.no_optimizer:
             opt.step()
             opt.zero_grad()
+    if args.eval_after:
+        with torch.no_grad():
+            model(x)
     if args.dist:
         torch.distributed.destroy_process_group()
     if args.raise_message:
