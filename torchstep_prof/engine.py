@@ -256,6 +256,13 @@ class Engine:
             for scope, where in deferred:
                 self._start_hook(scope, where)
 
+    def drop_running_trace(self) -> None:
+        """Let the trace recording now end without a file (``torchstep-prof run`` drops a step
+        that no optimizer step ended: it is not a step's trace)."""
+        session = self.session
+        if session is not None:
+            session.action = StepAction.WARMUP  # recorded, stopped, not written
+
     def _set_idle(self) -> None:
         with self.lock:
             self._busy = False

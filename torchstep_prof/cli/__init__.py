@@ -13,13 +13,13 @@ import sys
 from typing import Sequence
 
 # Imported lazily by name so `torchstep-prof ls` does not pay for rich or the merge code.
-_SUBCOMMAND_MODULES = ("config_cmd", "summarize_cmd", "merge_cmd", "ls_cmd", "hta_cmd")
+_SUBCOMMAND_MODULES = ("config_cmd", "summarize_cmd", "merge_cmd", "ls_cmd", "hta_cmd", "run_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchstep-prof",
-        description="Inspect torchstep_prof configs and trace folders.",
+        description="Inspect torchstep_prof configs and trace folders; profile a script with `run`.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _SUBCOMMAND_MODULES:

@@ -1,0 +1,112 @@
+"""What ``torchstep-prof run`` costs a training loop when it profiles no step (SPEC "Performance":
+within 1% of ``python SCRIPT``).
+
+The same script (this file with ``--child``: an MLP training step of about 10 ms with a
+``torch.optim.SGD`` update, one torch thread) runs in fresh interpreters, as ``python SCRIPT``
+and as ``python -m torchstep_prof run --steps 100000 -- SCRIPT`` (a schedule in force, no step
+of the run selected: the optimizer hooks' check runs on every step), the two alternating child by
+child. Each child times its own steady-state loop and prints the median step time; start-up
+(torch's import, the profiler's one-time warm-up) is outside what is compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _timing  # noqa: E402
+from _timing import ROOT, Report, ratio_target, stat  # noqa: E402
+
+LIMIT = 1.01
+
+
+def child(steps: int) -> None:
+    """In the fresh interpreter: time ``steps`` training steps, print one JSON line."""
+    import statistics
+
+    mlp_step = _timing.make_mlp_step(width=512, batch=64, layers=3)
+    for _ in range(10):
+        mlp_step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        mlp_step()
+        times.append(time.perf_counter() - t0)
+    print(json.dumps({"step_s": statistics.median(times)}))
+
+
+def _one(command: list[str]) -> float:
+    env = {k: v for k, v in os.environ.items() if k not in _timing.ENGINE_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["TORCHSTEP_PROF_SUMMARY"] = "0"
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=300, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])["step_s"]
+
+
+def run(quick: bool = False) -> Report:
+    report = Report("bench_run")
+    rounds, steps = (2, 100) if quick else (6, 300)
+    script = [str(Path(__file__).resolve()), "--child", str(steps)]
+    plain_cmd = [sys.executable, *script]
+    run_cmd = [sys.executable, "-m", "torchstep_prof", "run", "--steps", "100000", "--", *script]
+    plain, profiled = [], []
+    for index in range(rounds):
+        pair = [(plain, plain_cmd), (profiled, run_cmd)]
+        for samples, command in pair if index % 2 == 0 else pair[::-1]:
+            samples.append(_one(command))
+    report.add(stat("python SCRIPT: one training step", plain))
+    report.add(stat("torchstep-prof run, no step profiled: one training step", profiled))
+    report.targets.append(
+        ratio_target("run_not_profiling", plain, profiled, LIMIT, "torchstep-prof run vs python SCRIPT, no step profiled")
+    )
+    report.notes.append(f"{rounds} children each, {steps} steps a child, medians of the per-step times")
+    in_process(report, quick)
+    return report
+
+
+def in_process(report: Report, quick: bool) -> None:
+    """The same step in this process with the run's hooks installed and removed round by round:
+    free of the between-process noise of a shared machine."""
+    import tempfile
+
+    _timing.clean_environment()
+    import torchstep_prof as tsp
+    from torchstep_prof.scopes import current_frame
+    from torchstep_prof.zero_code import StepDriver
+
+    mlp_step = _timing.make_mlp_step(width=512, batch=64, layers=3)
+    with tempfile.TemporaryDirectory() as scratch, tsp.configure(save_path=scratch, summary=False, discrete=False), \
+            tsp.schedule(steps=[100000]):  # fmt: skip
+        driver = StepDriver(current_frame())
+
+        def with_hooks() -> float:
+            driver.install()
+            try:
+                return _timing.loop("step()", 20, {"step": mlp_step})()
+            finally:
+                driver.close()
+
+        samples = _timing.interleave({"bare": _timing.loop("step()", 20, {"step": mlp_step}), "run": with_hooks},
+                                     rounds=6 if quick else 20)  # fmt: skip
+    from torchstep_prof.record_store import STORE
+
+    STORE.clear()  # close() noted that no step was profiled: not this bench's summary
+    report.add(stat("in process: training step, no hooks", samples["bare"]))
+    report.add(stat("in process: training step, run's hooks installed", samples["run"]))
+    report.targets.append(
+        ratio_target("run_hooks_in_process", samples["bare"], samples["run"], LIMIT,
+                     "the same step with and without run's optimizer hooks, one process")  # fmt: skip
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "--child":
+        child(int(sys.argv[2]))
+    else:
+        _timing.main(run)

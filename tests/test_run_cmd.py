@@ -1,0 +1,237 @@
+"""``torchstep-prof run``: an unmodified training script (tests/scripts/train_tiny.py) profiled
+through real subprocesses, single process and under torchrun with 2 gloo ranks."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from dist_helpers import LAUNCH_TIMEOUT_S, worker_env
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+TRAIN = SCRIPTS / "train_tiny.py"
+
+
+def tsp_run(options: list[str], script_args: list[str], cwd: Path, env: Optional[dict] = None,
+            script: Path = TRAIN) -> subprocess.CompletedProcess:  # fmt: skip
+    """``python -m torchstep_prof run OPTIONS -- SCRIPT ARGS`` in ``cwd``."""
+    cmd = [sys.executable, "-m", "torchstep_prof", "run", *options, "--", str(script), *script_args]
+    return subprocess.run(cmd, cwd=cwd, env=worker_env({"COLUMNS": "200", **(env or {})}), capture_output=True,
+                          text=True, timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+
+
+def traces(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.json")) if folder.exists() else []
+
+
+def events(path: Path) -> list[dict]:
+    return [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+
+
+def names(path: Path) -> collections.Counter:
+    return collections.Counter(e["name"] for e in events(path))
+
+
+def span(event: dict) -> tuple[float, float]:
+    return event["ts"], event["ts"] + event["dur"]
+
+
+def inside(outer: dict, inner: dict) -> bool:
+    (a, b), (c, d) = span(outer), span(inner)
+    return a <= c and d <= b
+
+
+def frames(stderr: str) -> list[str]:
+    return re.findall(r'File "([^"]+)", line \d+', stderr)
+
+
+# --- single process ------------------------------------------------------------------------
+
+
+def test_the_script_sees_what_python_gives_it_and_its_step_is_traced(tmp_path):
+    plain = subprocess.run([sys.executable, str(TRAIN), "--report", "plain.json", "--exit-code", "3", "--lr", "0.1"],
+                           cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    done = tsp_run(["--steps", "2"], ["--report", "run.json", "--exit-code", "3", "--lr", "0.1"], tmp_path)
+    assert plain.returncode == 3, plain.stderr
+    assert done.returncode == 3, done.stderr
+    as_python = json.loads((tmp_path / "plain.json").read_text())
+    as_run = json.loads((tmp_path / "run.json").read_text())
+    as_python["argv"][2] = as_run["argv"][2] = "<report>"
+    assert as_run == as_python
+    assert as_run["argv"][0] == str(TRAIN) and as_run["name"] == "__main__" and as_run["spec"] is None
+    assert as_run["path0"] == str(SCRIPTS) and as_run["main_is_me"]
+
+    (trace,) = traces(tmp_path / "outputs" / "profile")
+    assert trace.name.startswith("main_train_step2_rank0-of-1_")
+    counts = names(trace)
+    # Step 2's own forward, backward and optimizer step, and nothing of steps 1 or 3.
+    assert counts["ProfilerStep#2"] == 1
+    assert counts["Optimizer.step#SGD.step"] == 1
+    assert counts["aten::mse_loss"] == 1
+    assert counts["autograd::engine::evaluate_function: MseLossBackward0"] == 1
+    assert json.loads(trace.read_text())["torchstep_prof"]["step"] == 2
+    assert "1 trace(s) written" in done.stdout
+
+
+def test_exit_codes_and_tracebacks_are_the_scripts(tmp_path):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        message = pool.submit(tsp_run, ["--steps", "1000"], ["--steps", "1", "--exit-message", "bye now"], tmp_path)
+        raised = pool.submit(tsp_run, ["--steps", "1000"], ["--steps", "1", "--raise", "boom"], tmp_path)
+        plain = pool.submit(subprocess.run, [sys.executable, str(TRAIN), "--steps", "1", "--raise", "boom"],
+                            cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    message, raised, plain = message.result(), raised.result(), plain.result()
+    assert message.returncode == 1 and "bye now" in message.stderr, message.stderr
+    assert raised.returncode == 1
+    assert "RuntimeError: boom" in raised.stderr
+    # The frames python itself shows: the script's, none of the command line's or runpy's.
+    assert frames(raised.stderr) == frames(plain.stderr) == [str(TRAIN)] * 3, raised.stderr
+
+
+def test_regions_nest_inside_the_fused_trace_and_step_every_groups_optimizer_steps(tmp_path):
+    options = ["--steps", "2", "--step-every", "2", "--region", "Encoder=enc/fwd", "--region", "Head",
+               "--region", "Missing"]  # fmt: skip
+    done = tsp_run(options, ["--steps", "6"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    (trace,) = traces(tmp_path / "outputs" / "profile")
+    # Regions' roles name the fused trace, in order of first entry.
+    assert trace.name.startswith("enc-Head_train_step2_rank0-of-1_")
+    counts = names(trace)
+    # Step 2 = the 3rd and 4th optimizer steps: two forwards, two updates.
+    assert counts["Optimizer.step#SGD.step"] == 2
+    assert counts["enc/fwd"] == 2 and counts["Head/forward"] == 2
+    assert counts["aten::mse_loss"] == 2
+    (step_event,) = [e for e in events(trace) if e["name"] == "ProfilerStep#2"]
+    ranges = [e for e in events(trace) if e["name"] in ("enc/fwd", "Head/forward")]
+    assert all(inside(step_event, r) for r in ranges)
+    linears = [e for e in events(trace) if e["name"] == "aten::linear"]
+    enc = [r for r in ranges if r["name"] == "enc/fwd"]
+    # The encoder's two Linear layers run inside its range.
+    assert sum(any(inside(r, op) for r in enc) for op in linears) == 4
+    assert "--region Missing" in done.stdout and "Encoder" not in done.stdout.split("--region", 1)[1]
+
+
+def test_discrete_writes_one_trace_per_region(tmp_path):
+    done = tsp_run(["--steps", "3", "--discrete", "--region", "Encoder=enc/fwd"], ["--steps", "4"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    (trace,) = traces(tmp_path / "outputs" / "profile")
+    assert trace.name.startswith("enc_fwd_step3_rank0-of-1_")
+    assert json.loads(trace.read_text())["torchstep_prof"]["discrete"] is True
+
+
+def test_a_script_without_an_optimizer_writes_nothing_and_says_so(tmp_path):
+    done = tsp_run(["--steps", "1"], ["--no-optimizer"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert traces(tmp_path / "outputs" / "profile") == []
+    assert "no step boundary was seen" in done.stdout
+
+
+def test_a_step_no_optimizer_step_ended_is_dropped(tmp_path):
+    # Step 5 is armed after the 4th optimizer step and begins at the evaluation's forward.
+    done = tsp_run(["--steps", "4,5"], ["--steps", "4", "--eval-after"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    (trace,) = traces(tmp_path / "outputs" / "profile")
+    assert "_step4_" in trace.name
+    assert "step 5 began but no optimizer step ended it" in done.stdout
+
+
+def test_config_file_then_command_line_then_environment(tmp_path):
+    (tmp_path / "profile.yaml").write_text("schedule:\n  steps: [1]\nsave_path: from-file\ngzip: false\n")
+    options = ["--config", "profile.yaml", "--save-path", "from-cli", "--set", "process_role=learner",
+               "--on-finish", 'echo "hook saw $TORCHSTEP_PROF_TRACES"']  # fmt: skip
+    done = tsp_run(options, ["--steps", "4"], tmp_path, env={"TORCHSTEP_PROF_OVERRIDES": "schedule.steps=[3]"})
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "from-file").exists()
+    (trace,) = traces(tmp_path / "from-cli")
+    assert trace.name.startswith("learner_train_step3_rank0-of-1_")
+    assert re.search(rf"\[rank 0\] hook saw \S*{re.escape(trace.name)}", done.stdout), done.stdout
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (["--steps", "two"], "--steps: 'two' is not an integer"),
+        (["--steps", "1", "--set", "schedule.wait=-1"], "schedule.wait: must be >= 0 (got -1)"),
+        (["--steps", "1", "--contents", "gpu"], "'gpu' is not one of"),
+        (["--steps", "1", "--wait", "1"], "use one"),
+        (["--steps", "1", "--region", "not a class"], "is not a class name"),
+        (["--steps", "1", "--discrete"], "--region"),
+        ([], "no step is selected"),
+        (["--steps", "1", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_options_are_usage_errors_before_the_script_runs(tmp_path, options, says):
+    cmd = [sys.executable, "-m", "torchstep_prof", "run", *options, str(TRAIN), "--touch", "ran"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr
+    assert "usage:" in done.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("target, says", [(["missing.py"], "missing.py"), (["-m", "no_such_module_x"], "no_such_module_x")])
+def test_a_missing_script_or_module_exits_2_naming_it(tmp_path, target, says):
+    cmd = [sys.executable, "-m", "torchstep_prof", "run", "--steps", "1", *target]
+    done = subprocess.run(cmd, cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_a_module_runs_as_python_m_runs_it(tmp_path):
+    (tmp_path / "train_mod.py").write_text(TRAIN.read_text())
+    cmd = [sys.executable, "-m", "torchstep_prof", "run", "--steps", "2", "-m", "train_mod", "--report", "r.json",
+           "--exit-code", "4"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert done.returncode == 4, done.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["argv"][0] == str(tmp_path / "train_mod.py") and report["spec"] == "train_mod"
+    assert report["path0"] == str(tmp_path) and report["name"] == "__main__"
+    (trace,) = traces(tmp_path / "outputs" / "profile")
+    assert trace.name.startswith("main_train_step2_")
+
+
+def test_consecutive_selected_steps_never_crash(tmp_path):
+    """Ending one trace and starting the next around an optimizer step crashed about half the
+    time when the start ran inside torch's Optimizer.step range: 10 runs of steps 2,3,4, half of
+    them with a --region."""
+
+    def one(index: int) -> tuple[int, list[str], str]:
+        folder = tmp_path / f"run{index}"
+        folder.mkdir()
+        regions = ["--region", "Encoder"] if index % 2 else []  # module hooks on and off too
+        done = tsp_run(["--steps", "2,3,4", *regions], ["--steps", "5"], folder)
+        return done.returncode, [p.name.split("_")[2] for p in traces(folder / "outputs" / "profile")], done.stderr
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(one, range(10)))
+    for code, steps, stderr in results:
+        assert code == 0, stderr[-2000:]
+        assert sorted(steps) == ["step2", "step3", "step4"]
+
+
+# --- torchrun ------------------------------------------------------------------------------
+
+
+@pytest.mark.distributed
+def test_every_rank_profiles_under_torchrun(tmp_path):
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", "torchstep_prof", "run", "--steps", "2", "--all-ranks",
+        "--on-finish", 'echo "hook rank $TORCHSTEP_PROF_RANK"', str(TRAIN), "--dist", "--steps", "3",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+                          start_new_session=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = traces(tmp_path / "outputs" / "profile")
+    assert sorted(re.search(r"rank\d-of-\d", p.name).group(0) for p in found) == ["rank0-of-2", "rank1-of-2"]
+    for path in found:
+        trace = json.loads(path.read_text())
+        assert trace["torchstep_prof"]["step"] == 2
+        assert names(path)["Optimizer.step#SGD.step"] == 1
+    assert "hook rank 0" in done.stdout and "hook rank 1" in done.stdout

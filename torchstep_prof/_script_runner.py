@@ -1,0 +1,152 @@
+"""Run a script or a module as ``__main__``, as ``python SCRIPT ARGS`` / ``python -m MODULE ARGS`` would.
+
+``sys.argv``, ``sys.path[0]``, ``__file__``, ``__spec__`` and the module registered as
+``__main__`` are set as the interpreter sets them; exceptions and ``SystemExit`` propagate
+unchanged (so the exit code is the script's), and a traceback printed at exit shows the script's
+frames only, not the command line's that led to it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import runpy
+import sys
+import types
+from importlib.machinery import SourceFileLoader
+from typing import Any, Optional, Sequence
+
+__all__ = ["ScriptNotFound", "check_module", "check_script", "run_module", "run_script"]
+
+
+class ScriptNotFound(Exception):
+    """The script or module to run does not exist; the message says which, as python does."""
+
+
+def check_script(path: str) -> None:
+    """Raise ``ScriptNotFound`` unless ``path`` can be run as a script."""
+    if not os.path.exists(path):
+        raise ScriptNotFound(f"can't open file {os.path.abspath(path)!r}: [Errno 2] No such file or directory")
+
+
+def check_module(name: str) -> None:
+    """Raise ``ScriptNotFound`` unless ``name`` is an importable module (looked up as ``-m``
+    does: the current directory first)."""
+    import importlib.util
+
+    with _path0(os.getcwd()):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError) as exc:  # a parent package that is missing or broken
+            raise ScriptNotFound(f"Error while finding module specification for {name!r} ({exc})") from None
+    if spec is None:
+        raise ScriptNotFound(f"No module named {name}")
+
+
+def run_script(path: str, args: Sequence[str]) -> None:
+    """Execute the file at ``path`` as ``__main__`` with ``sys.argv = [path, *args]``."""
+    sys.argv[:] = [path, *args]
+    if os.path.isdir(path) or not os.path.isfile(path):  # a folder or zip with __main__.py
+        _set_path0(os.path.abspath(path))
+        _guarded(runpy.run_path, path, run_name="__main__")
+        return
+    # The interpreter puts the script's real folder first on the path, and gives __main__ the
+    # absolute file name (while argv[0] stays as typed).
+    _set_path0(os.path.dirname(os.path.realpath(path)))
+    filename = os.path.abspath(path)
+    with open(filename, "rb") as handle:  # bytes: compile() honours a coding cookie
+        source = handle.read()
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=filename,
+        __builtins__=builtins,
+        __loader__=SourceFileLoader("__main__", filename),
+        __spec__=None,
+        __package__=None,
+    )
+    code = compile(source, filename, "exec", dont_inherit=True)
+    # Registered for good, as python's own __main__ is: pickle and multiprocessing look it up,
+    # and atexit handlers of the script may outlive this call.
+    sys.modules["__main__"] = main
+    _guarded(exec, code, main.__dict__)
+
+
+def run_module(name: str, args: Sequence[str]) -> None:
+    """Run module ``name`` as ``__main__`` (``python -m name args``)."""
+    sys.argv[:] = [name, *args]  # runpy sets argv[0] to the module's file, as -m does
+    _set_path0(os.getcwd())
+    _guarded(runpy.run_module, name, run_name="__main__", alter_sys=True)
+
+
+def _guarded(fn: Any, *args: Any, **kwargs: Any) -> None:
+    try:
+        fn(*args, **kwargs)
+    except SystemExit:
+        raise
+    except BaseException:
+        _trim_tracebacks_at_exit()
+        raise
+
+
+# --- sys.path[0] ------------------------------------------------------------------------------
+
+
+def _set_path0(folder: str) -> None:
+    # What the interpreter put there is the launcher's folder (bin/ for the console script, the
+    # current directory for `python -m torchstep_prof`): the script's takes its place.
+    if sys.path:
+        sys.path[0] = folder
+    else:
+        sys.path.insert(0, folder)
+
+
+class _path0:
+    def __init__(self, folder: str) -> None:
+        self._folder = folder
+        self._saved: Optional[list[str]] = None
+
+    def __enter__(self) -> None:
+        self._saved = list(sys.path)
+        _set_path0(self._folder)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        sys.path[:] = self._saved or []
+
+
+# --- tracebacks -------------------------------------------------------------------------------
+
+_RUNNER_CODE = _guarded.__code__
+_RUNPY_FILE = runpy.__file__
+
+
+def _trim_tracebacks_at_exit() -> None:
+    """Make the traceback the interpreter prints at exit start at the script's own frames."""
+    previous = sys.excepthook
+    if getattr(previous, "_torchstep_prof_trims", False):
+        return
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        tb = _trimmed(tb)
+        try:
+            exc.__traceback__ = tb
+        except (AttributeError, TypeError):  # pragma: no cover - an exotic exception object
+            pass
+        previous(exc_type, exc, tb)
+
+    excepthook._torchstep_prof_trims = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook
+
+
+def _trimmed(tb: Any) -> Any:
+    runner = None
+    entry = tb
+    while entry is not None:
+        if entry.tb_frame.f_code is _RUNNER_CODE:
+            runner = entry
+        entry = entry.tb_next
+    if runner is None:
+        return tb  # not an exception that came out of the script
+    entry = runner.tb_next
+    while entry is not None and entry.tb_frame.f_code.co_filename == _RUNPY_FILE:
+        entry = entry.tb_next
+    return entry if entry is not None else tb

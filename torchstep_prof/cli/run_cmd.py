@@ -1,0 +1,209 @@
+"""``torchstep-prof run``: profile chosen steps of a script nobody edited.
+
+    torchstep-prof run --steps 3,5 --ranks 0 -- train.py --lr 3e-4
+    torchstep-prof run --steps 2 --step-every 16 --region Sequential=agent/forward -m ppo --env-id x
+
+The configuration is the ``--config`` file's (or the defaults), then the options here, then the
+environment (``TORCHSTEP_PROF_CONFIG``, ``TORCHSTEP_PROF_OVERRIDES``), all checked before the
+script starts: a bad one is a usage error (exit 2). Only this subcommand imports torch, and only
+once the options are good.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import Any, Optional
+
+from ..errors import ConfigError
+
+__all__ = ["register"]
+
+_EPILOG = """\
+Each Optimizer.step call ends a step (every K-th with --step-every K); steps count from 1.
+A selected step's trace starts at the first module forward after the previous step's
+optimizer step. Precedence: --config, then these options and --set, then the environment
+(TORCHSTEP_PROF_CONFIG, TORCHSTEP_PROF_OVERRIDES).
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``run`` subcommand."""
+    parser = subparsers.add_parser(
+        "run",
+        help="profile chosen steps of an unmodified script (python SCRIPT / -m MODULE)",
+        usage="%(prog)s [OPTIONS] [--] SCRIPT [ARGS...]  |  %(prog)s [OPTIONS] -m MODULE [ARGS...]",
+        description="Run a training script as `python SCRIPT ARGS` would, profiling chosen steps.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    which = parser.add_argument_group("which steps (an explicit list, or torch.profiler's cycle)")
+    which.add_argument("--steps", metavar="LIST", type=_int_list("--steps"), help="steps to profile: 3,5 or 2-4")
+    for name in ("skip-first", "wait", "warmup", "active", "repeat"):
+        which.add_argument(f"--{name}", metavar="N", type=_int("--" + name), help=f"schedule.{name.replace('-', '_')}")
+    which.add_argument("--step-every", metavar="K", type=_int("--step-every"), default=1,
+                       help="K optimizer steps make one step (gradient accumulation, several optimizers)")
+    where = parser.add_argument_group("where and what")
+    where.add_argument("--ranks", metavar="LIST", type=_int_list("--ranks"), help="global ranks that profile (default 0)")
+    where.add_argument("--all-ranks", action="store_true", help="every rank profiles")
+    where.add_argument("--contents", metavar="LIST", help="cpu,cuda,memory,shapes,stack,flops,modules")
+    where.add_argument("--region", metavar="CLASS[=ROLE[/STAGE]]", action="append", default=[],
+                       help="forwards of nn.Modules of this class are regions (repeatable)")
+    where.add_argument("--discrete", action="store_true", help="one trace per region instead of one per step")
+    out = parser.add_argument_group("output")
+    out.add_argument("--save-path", metavar="DIR", help="where traces go (default outputs/profile)")
+    out.add_argument("--gzip", action="store_true", help="write .json.gz")
+    out.add_argument("--on-finish", metavar="CMD", help="run CMD (through /bin/sh) once profiling is finished")
+    conf = parser.add_argument_group("configuration")
+    conf.add_argument("--config", metavar="FILE", help="a config file (.yaml, .json, .toml) to start from")
+    conf.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
+                      help="override one field, as in TORCHSTEP_PROF_OVERRIDES (repeatable)")
+    parser.add_argument("-m", dest="module", metavar="MODULE", nargs=argparse.REMAINDER,
+                        help="run a module, as python -m does; what follows is its arguments")
+    parser.add_argument("target", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.set_defaults(func=run, run_parser=parser)
+
+
+def _int(option: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option}: {text!r} is not an integer") from None
+
+    return parse
+
+
+def _int_list(option: str) -> Any:
+    def parse(text: str) -> list[int]:
+        numbers: list[int] = []
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            low, dash, high = item.partition("-")
+            try:
+                if dash and low:
+                    numbers.extend(range(int(low), int(high) + 1))
+                else:
+                    numbers.append(int(item))
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"{option}: {item!r} is not an integer or a range like 2-4 (in {text!r})"
+                ) from None
+        if not numbers:
+            raise argparse.ArgumentTypeError(f"{option}: name at least one number (got {text!r})")
+        return numbers
+
+    return parse
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """The config file's configuration (or the defaults) with this command line applied on top.
+
+    Raises ``ConfigError`` listing every bad value.
+    """
+    from ..config import ProfilerConfig
+    from ..config_files import load_config
+    from ..overrides import Override, apply_overrides
+
+    base = load_config(args.config) if args.config else ProfilerConfig()
+
+    def field(key: str, value: Any) -> Override:
+        return Override(text=f"{key}={value}", path=tuple(key.split(".")), value=value)
+
+    # A run's traces are fused (one per step) unless --discrete or an override says otherwise.
+    chosen = [field("discrete", bool(args.discrete))]
+    if args.steps is not None:
+        chosen.append(field("schedule.steps", args.steps))
+    cycle = {"skip_first": args.skip_first, "wait": args.wait, "warmup": args.warmup,
+             "active": args.active, "repeat": args.repeat}  # fmt: skip
+    if any(v is not None for v in cycle.values()):
+        chosen.append(field("schedule.steps", None))
+        chosen += [field(f"schedule.{k}", v) for k, v in cycle.items() if v is not None]
+    if args.ranks is not None:
+        chosen.append(field("ranks", args.ranks))
+    if args.all_ranks:
+        chosen.append(field("all_ranks", True))
+    if args.contents is not None:
+        chosen.append(field("contents", [c.strip() for c in args.contents.split(",") if c.strip()]))
+    if args.save_path is not None:
+        chosen.append(field("save_path", args.save_path))
+    if args.gzip:
+        chosen.append(field("gzip", True))
+    if args.on_finish is not None:
+        chosen.append(field("finish_hook.cmd", args.on_finish))
+    return apply_overrides(base, [*chosen, *args.overrides])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out ``run``: check everything, then run the script under the profiling scopes.
+
+    Returns only when the script returns normally (exit code 0); its ``SystemExit`` and
+    exceptions propagate unchanged.
+    """
+    parser: argparse.ArgumentParser = args.run_parser
+    if args.module is not None:
+        if not args.module:
+            parser.error("-m needs a MODULE to run")
+        module: Optional[str] = args.module[0]
+        target_args = args.module[1:]
+        script = None
+    else:
+        target = list(args.target)
+        if target[:1] == ["--"]:
+            target = target[1:]
+        if not target:
+            parser.error("name the SCRIPT to run (or -m MODULE)")
+        module, script, target_args = None, target[0], target[1:]
+    if args.steps is not None and any(
+        getattr(args, name) is not None for name in ("skip_first", "wait", "warmup", "active", "repeat")
+    ):
+        parser.error("--steps and --skip-first/--wait/--warmup/--active/--repeat are two ways to choose steps: use one")
+    if args.step_every < 1:
+        parser.error(f"--step-every: must be >= 1 (got {args.step_every})")
+
+    from .._script_runner import ScriptNotFound, check_module, check_script, run_module, run_script
+    from ..environment import read_environment
+
+    try:
+        config = build_config(args)
+        effective = read_environment().apply(config)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    try:
+        from ..zero_code import parse_region
+
+        regions = [parse_region(text) for text in args.region]
+    except ValueError as exc:
+        parser.error(str(exc))
+    if effective.enable and effective.schedule is None:
+        parser.error("no step is selected: pass --steps LIST (or --wait/--warmup/--active/--repeat), "
+                     "a --config file with a schedule, or --set schedule.steps=[...]")
+    if effective.enable and effective.discrete and not regions:
+        parser.error("--discrete writes one trace per region: name at least one --region CLASS")
+    try:
+        check_module(module) if module is not None else check_script(script or "")
+    except ScriptNotFound as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
+
+    def launch() -> None:
+        if module is not None:
+            run_module(module, target_args)
+        else:
+            run_script(script or "", target_args)
+
+    if not effective.enable:
+        launch()
+        return 0
+    import torchstep_prof as tsp
+
+    from ..scopes import current_frame
+    from ..zero_code import StepDriver
+
+    with contextlib.ExitStack() as scopes:
+        scopes.enter_context(tsp.configure(config))
+        driver = StepDriver(current_frame(), step_every=args.step_every, regions=regions)
+        driver.install()
+        scopes.callback(driver.close)  # before the scope exits: its hook sees every trace
+        launch()
+    return 0
