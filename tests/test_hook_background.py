@@ -95,25 +95,28 @@ def test_ctrl_c_during_the_exit_wait_kills_the_hook_process_group(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(code))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
-    process = subprocess.Popen(
-        [sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**env, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not pid_file.exists() or not pid_file.read_text().strip():
-            assert time.monotonic() < deadline and process.poll() is None
-            time.sleep(0.05)
-        time.sleep(0.5)  # the main script has ended: the process is in its exit wait
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    err_file = tmp_path / "stderr"
+    with open(err_file, "w") as err:
+        process = subprocess.Popen(
+            [sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=err,
+            text=True, env={**env, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            # Ctrl-C once the process is in its exit wait (the main script has ended).
+            while "waiting for finish hook" not in err_file.read_text() or not pid_file.exists():
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.05)
+            process.send_signal(signal.SIGINT)
+            stdout, _ = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    stderr = err_file.read_text()
     hook_group = int(pid_file.read_text())
     assert live_members(hook_group) == []  # its whole process group (the background sleep too) is gone
     assert "interrupted; killed 1 finish hook process group(s)" in stderr
-    assert "hook on rank 0: failed" in stdout and "SIGKILL" in stdout
+    assert "hook on rank 0: failed" in stdout and "SIGKILL" in stdout, stdout + stderr
 
 
 def live_members(group: int) -> list[int]:

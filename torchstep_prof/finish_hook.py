@@ -79,6 +79,7 @@ _write_lock = threading.Lock()
 # Hook commands running now: Ctrl-C during the exit wait kills their process groups.
 _RUNNING: set[subprocess.Popen[bytes]] = set()
 _RUNNING_LOCK = threading.Lock()
+_cancelled = False  # set by kill_running_hooks: a hook not started yet never starts
 
 
 def _roles(value: Iterable[str]) -> Tuple[str, ...]:
@@ -163,8 +164,11 @@ def _write_traces_file(context: HookContext) -> Optional[str]:
 
 
 def kill_running_hooks() -> int:
-    """Kill the process group of every hook command running now; returns how many."""
+    """Kill the process group of every hook command running now, and keep any hook that has
+    not started its command yet from starting it; returns how many were killed."""
+    global _cancelled
     with _RUNNING_LOCK:
+        _cancelled = True
         running = list(_RUNNING)
     for process in running:
         _signal_group(process.pid, signal.SIGKILL)
@@ -251,6 +255,9 @@ def _run_command(
     cmd: Union[str, Tuple[str, ...]], env: dict[str, str], *, timeout_s: Optional[float], prefix: str
 ) -> tuple[str, Optional[int], Optional[str]]:
     argv = [_SHELL, "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    with _RUNNING_LOCK:
+        if _cancelled:
+            return HOOK_NOT_STARTED, None, "not started: the process was interrupted (Ctrl-C) at exit"
     try:
         # A session of its own: a timeout can kill the hook's whole process group, grandchildren
         # included, and a Ctrl-C meant for training does not reach an upload mid-way.
@@ -266,6 +273,8 @@ def _run_command(
         return HOOK_NOT_STARTED, None, f"could not start ({exc})"
     with _RUNNING_LOCK:
         _RUNNING.add(process)
+        if _cancelled:  # interrupted while it was starting
+            _signal_group(process.pid, signal.SIGKILL)
 
     last_error_line: deque[str] = deque(maxlen=1)
     readers = [

@@ -32,10 +32,13 @@ _STATUS_EVERY_S = 10.0  # a plain progress line this often when stderr is not a 
 
 @attrs.define
 class _HookRun:
-    """A hook running in the background, for the exit wait's status line."""
+    """A hook running in the background, for the exit wait's status line.
 
-    thread: threading.Thread
+    ``done`` rather than ``Thread.is_alive``: a ``join`` interrupted by Ctrl-C can leave the
+    thread looking finished while it still runs (CPython's join lock is released mid-way)."""
+
     label: str
+    done: threading.Event = attrs.field(factory=threading.Event)
     started: float = attrs.field(factory=time.monotonic)
 
 
@@ -72,14 +75,18 @@ def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Call
     if hook.wait:
         _run(scope, where, flush_traces)
         return
-    label = f"finish hook on rank {current_topology().rank} ({_short(hook.cmd)})"
-    thread = threading.Thread(
-        target=_run, args=(scope, where, flush_traces), name="torchstep_prof-finish-hook", daemon=True
-    )
+    run = _HookRun(f"finish hook on rank {current_topology().rank} ({_short(hook.cmd)})")
+
+    def in_background() -> None:
+        try:
+            _run(scope, where, flush_traces)
+        finally:
+            run.done.set()
+
     with _RUNS_LOCK:
-        _RUNS[:] = [run for run in _RUNS if run.thread.is_alive()]
-        _RUNS.append(_HookRun(thread, label))
-    thread.start()
+        _RUNS[:] = [other for other in _RUNS if not other.done.is_set()]
+        _RUNS.append(run)
+    threading.Thread(target=in_background, name="torchstep_prof-finish-hook", daemon=True).start()
 
 
 def _run(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Callable[[], None]) -> None:
@@ -120,7 +127,7 @@ def _run(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Callab
 
 def _running() -> list[_HookRun]:
     with _RUNS_LOCK:
-        _RUNS[:] = [run for run in _RUNS if run.thread.is_alive()]
+        _RUNS[:] = [run for run in _RUNS if not run.done.is_set()]
         return list(_RUNS)
 
 
@@ -129,8 +136,7 @@ def wait_for_hooks(timeout: Optional[float] = None) -> bool:
     deadline = None if timeout is None else time.monotonic() + timeout
     for run in _running():
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        run.thread.join(remaining)
-        if run.thread.is_alive():
+        if not run.done.wait(remaining):
             return False
     return True
 
