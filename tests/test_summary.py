@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
@@ -39,7 +40,7 @@ def run_script(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedPro
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(code))
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
-    full_env.update(PYTHONPATH=str(REPO), COLUMNS="250", **env)
+    full_env.update({"PYTHONPATH": str(REPO), "COLUMNS": "250", **env})
     return subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=120
     )
@@ -156,3 +157,33 @@ def test_a_forked_child_prints_no_summary(tmp_path):
     titles = re.findall(r"torchstep_prof rank 0 of 1 \(pid (\d+)\)", result.stdout)
     assert titles == [parent_pid]
     assert all(f"pid{parent_pid}_" in name for name in os.listdir(tmp_path / "profile"))
+
+
+def test_exit_summary_at_80_columns_in_a_log(tmp_path):
+    """One line per trace, occ only when a region ran twice in a step, no line over 80
+    columns, no trailing spaces, every region name whole on its line."""
+    code = """
+        import torch
+        import torchstep_prof as tsp
+        with tsp.schedule(steps=[1]), tsp.configure(save_path="profile"):
+            with tsp.step(1):
+                for _ in range(2):
+                    with tsp.profile_region("trainer", "optimizer-step"):
+                        torch.ones(2).sum()
+                with tsp.profile_region("learner", "compute-advantages"):
+                    torch.ones(2).sum()
+    """
+    result = run_script(code, tmp_path, COLUMNS="80")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, result.stdout
+    assert not [line for line in lines if line != line.rstrip()]
+    rows = [line.split() for line in lines if line.startswith(("trainer ", "learner "))]
+    assert len(rows) == len(os.listdir(tmp_path / "profile")) == 3
+    assert all(row[1] in ("optimizer-step", "compute-advantages") for row in rows)
+    occurrence_column = "occ" in next(line for line in lines if line.startswith("role")).split()
+    occurrences = [
+        json.loads((tmp_path / "profile" / name).read_text())["torchstep_prof"].get("occurrence", 1)
+        for name in os.listdir(tmp_path / "profile")
+    ]
+    assert occurrence_column == (max(occurrences) > 1)
