@@ -6,7 +6,9 @@ trace commands keep, per rank and role, the traces of the process (pid) whose la
 started last, and say which pids they left out (``--pid`` chooses another).
 
 Roles are part of the key because processes of different roles may share a rank number in one
-job (Ray workers of each role are told ranks 0..n-1): those are not two runs.
+job (Ray workers of each role are told ranks 0..n-1): those are not two runs. Fused traces are
+keyed by rank alone (role :data:`FUSED_ROLE`): one process per rank writes them, and their names
+list different roles from step to step.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import attrs
 
 from .tracefiles import TraceInfo, started_at
 
-__all__ = ["OtherRun", "RunChoice", "choose_runs", "describe_other_runs"]
+__all__ = ["FUSED_ROLE", "OtherRun", "RunChoice", "choose_runs", "describe_other_runs"]
+
+FUSED_ROLE = "(fused)"
+"""The role of :class:`OtherRun` records about fused traces (whatever roles they hold)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -49,7 +54,8 @@ def choose_runs(traces: Iterable[TraceInfo]) -> RunChoice:
     traces = list(traces)
     by_key: dict[tuple[int, str], dict[Optional[int], list[TraceInfo]]] = {}
     for info in traces:
-        by_key.setdefault((info.rank, info.role), {}).setdefault(info.pid, []).append(info)
+        role = FUSED_ROLE if info.fused else info.role
+        by_key.setdefault((info.rank, role), {}).setdefault(info.pid, []).append(info)
     dropped: set[str] = set()
     others = []
     for (rank, role), by_pid in sorted(by_key.items()):
