@@ -187,3 +187,35 @@ def test_exit_summary_at_80_columns_in_a_log(tmp_path):
         for name in os.listdir(tmp_path / "profile")
     ]
     assert occurrence_column == (max(occurrences) > 1)
+
+
+def _records(folder: str, stages: list[str], occurrences: list[int]) -> "tsp.ProfilingRecords":
+    pid = os.getpid()
+    traces = tuple(
+        tsp.TraceRecord(
+            role="learner", stage=stage, step=3, rank=0, world_size=1, discrete=True,
+            path=os.path.join(folder, f"learner_{stage}_step3_rank0-of-1_pid{pid}_2026120110{i:02d}31{i:03d}.json"),
+            occurrence=occ, size_bytes=2048, wall_s=0.0123,
+        )
+        for i, (stage, occ) in enumerate(zip(stages, occurrences))
+    )
+    return tsp.ProfilingRecords(traces=traces)
+
+
+def test_file_names_are_shortened_or_listed_below_when_narrow():
+    data = _records("outputs/profile", ["compute-advantages", "optimizer-step", "optimizer-step"], [1, 1, 2])
+    for width in (80, 60):
+        buffer = io.StringIO()
+        tsp.print_summary(data, Console(file=buffer, width=width))
+        lines = buffer.getvalue().splitlines()
+        assert max(map(len, lines)) <= width or width == 60 and all(
+            len(line) <= width or line.startswith("  learner_") for line in lines
+        )
+        assert not [line for line in lines if line != line.rstrip()]
+        rows = [line for line in lines if line.startswith("learner ")]
+        assert len(rows) == 3 and [r.split()[3] for r in rows] == ["1", "1", "2"]  # occ
+        names = [os.path.basename(t.path) for t in data.traces]
+        if width == 80:  # the time of day tells the rows apart
+            assert [r.split()[-1] for r in rows] == [f"…{n[-14:]}" for n in names]
+        else:  # no room for a file column: the names, whole, under the table
+            assert [line.strip() for line in lines if line.startswith("  learner_")] == names

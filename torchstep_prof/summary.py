@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .naming import TraceName, parse_trace_name
 from .record_store import ProfilingRecords, records
@@ -112,22 +112,39 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         ("size", "right", [_size(t.size_bytes) if t.ok else "-" for t in data.traces]),
         ("file", "left", files),
     ]
-    needed = sum(max([len(h), *map(len, cells)]) for h, _, cells in columns)
-    needed += _GAP * (len(columns) - 1)
-    files_below = width is not None and needed > width
-    if files_below:
-        columns = columns[:-1]
+    widths = [max([len(h), *map(len, cells)]) for h, _, cells in columns]
+
+    def fits(count: int, gap: int) -> bool:
+        return width is None or sum(widths[:count]) + gap * (count - 1) <= width
+
+    # The first layout that fits: two spaces between columns, then one (before rich would cut
+    # a cell), then without the file column (the names then listed under the table).
+    layouts = [(len(columns), 2), (len(columns), 1), (len(columns) - 1, 2)]
+    count, gap = next(((c, g) for c, g in layouts if fits(c, g)), (len(columns) - 1, 1))
+    files_below = count < len(columns)
+    columns = columns[:count]
     table = Table(
-        box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True, expand=False
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        collapse_padding=True,
+        expand=False,
+        padding=(0, 1) if gap == 2 else 0,  # plus the box's one-space column separator
     )
     for header, justify, _ in columns:
         table.add_column(header, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for row in zip(*(cells for _, _, cells in columns)):
         table.add_row(*(Text(cell) for cell in row))
     lines: list[str] = []
+    listed: list[Text] = []
     if files_below:
         lines.append("files, in the order of the rows:")
-        lines.extend(f"  {_display(t.path, folder)}" for t in data.traces if t.path)
+        # A file name is copied whole: longer than the console, it runs past the edge unfolded.
+        listed = [
+            Text(f"  {_display(t.path, folder)}", no_wrap=True, overflow="ignore")
+            for t in data.traces
+            if t.path
+        ]
     elif how:
         lines.append(how)
     for trace in data.traces:
@@ -151,9 +168,12 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
     if data.missed_steps:
         lines.append(f"selected but never ran: step(s) {', '.join(map(str, data.missed_steps))}")
     lines.extend(data.attention)
-    parts = [Text(title)]
+    parts: list[Any] = [Text(title)]
     if data.traces:
         parts.append(table)
+    if listed:
+        parts.append(Text(lines.pop(0)))
+        parts.extend(listed)
     parts.extend(Text(line) for line in lines)
     return Group(*parts)
 
@@ -170,7 +190,8 @@ def print_summary(data: ProfilingRecords, console: Console | None = None) -> Non
         # names (COLUMNS when set, else 160) rather than rich's 80.
         width = None if sys.stdout.isatty() else _log_width()
         console = Console(file=sys.stdout, width=width)
-    print_stripped(console, render_summary(data, console.width))
+    # crop=False: a file name listed under the table is never cut at the console's edge.
+    print_stripped(console, render_summary(data, console.width), crop=False)
 
 
 _LOG_WIDTH = 160  # a log line may be long; a folded file name is hard to copy
