@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -74,10 +75,13 @@ def test_rendered_rows_match_the_records_and_the_files(tmp_path):
 def test_a_failed_trace_and_a_failed_hook_are_in_the_summary(tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
-    with tsp.configure(save_path=str(blocker / "profile"), summary=False), tsp.schedule(steps=[1]):
-        with tsp.on_finish("echo boom >&2; exit 3"):
-            with tsp.step(1), tsp.profile_region("actor", "update"):
-                pass
+    # The failures warn on purpose: captured, so the test run shows no warning that looks like a fault.
+    with pytest.warns(tsp.TorchstepProfWarning) as caught:
+        with tsp.configure(save_path=str(blocker / "profile"), summary=False), tsp.schedule(steps=[1]):
+            with tsp.on_finish("echo boom >&2; exit 3"):
+                with tsp.step(1), tsp.profile_region("actor", "update"):
+                    pass
+    assert {type(w.message).__name__ for w in caught} == {"TraceWriteWarning", "FinishHookWarning"}
     buffer = io.StringIO()
     tsp.print_summary(tsp.records(), Console(file=buffer, width=200))
     text = buffer.getvalue()
