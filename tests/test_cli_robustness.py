@@ -95,3 +95,23 @@ def test_only_bad_files_exit_1_naming_each(folder: dict, tmp_path: Path) -> None
         assert result.returncode == 1, (command, result.stderr)
         assert "Traceback" not in result.stderr
         assert "7 file(s) skipped" in result.stderr
+
+
+def test_no_trace_command_imports_torch(folder: dict, tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from torchstep_prof.cli import main\n"
+        f"root = {str(folder['root'])!r}\n"
+        "for argv in (['ls', root], ['summarize', root, '--json'],\n"
+        f"             ['merge', root, '-o', {str(tmp_path / 'm.json')!r}],\n"
+        "             ['hta', root, '--role', 'actor', '--stage', 'update', '--step', '1',\n"
+        f"              '-o', {str(tmp_path / 'hta')!r}]):\n"
+        "    assert main(argv) == 0, argv\n"
+        "print('torch' in sys.modules)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "False"
