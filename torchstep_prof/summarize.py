@@ -283,7 +283,8 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
         print_stripped(console, table)
         for group in summary.groups if ops_below else ():
             if group.top_ops:
-                print_stripped(console, Text(f"{group.label} step {group.step}, top ops (self ms):"))
+                heading = f"{group.label} step {group.step}, top ops (self ms):"
+                print_stripped(console, Text(heading))
                 print_stripped(console, Text("\n".join(_ops_lines(group.top_ops))), no_wrap=True)
         caption = (
             f"straggler: over {summary.straggler_ratio:g}x its group's median and at least "
@@ -291,7 +292,8 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
         )
         print_stripped(console, Text(caption))
     if summary.unreadable:
-        print_stripped(console, f"Skipped {len(summary.unreadable)} file(s) that are not usable traces:")
+        count = len(summary.unreadable)
+        print_stripped(console, f"Skipped {count} file(s) that are not usable traces:")
         for item in summary.unreadable:
             print_stripped(console, Text(f"  {item.path}: {item.reason}"), soft_wrap=True)
 
@@ -338,7 +340,9 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
     table.add_column("x median", no_wrap=True)
     if ops_column:
         # One operator a line, cut with an ellipsis rather than wrapped onto a line of its own.
-        table.add_column("top ops (self ms)", no_wrap=True, overflow="ellipsis", max_width=ops_width)
+        table.add_column(
+            "top ops (self ms)", no_wrap=True, overflow="ellipsis", max_width=ops_width
+        )
     for region, step, occ, rank, wall, ratio, ops, end in rows:
         row = [Text(region), step, *([occ] if show_occ else []), rank, wall, ratio]
         table.add_row(*row, *([Text(ops)] if ops_column else []), end_section=end)

@@ -1,6 +1,6 @@
 """The table printed at interpreter exit: the traces this process wrote (one line each), its hook
-runs, and what profiling cost. Rows come from :func:`torchstep_prof.record_store`; rendering takes a ``Console`` so
-tests can pass a fixed-width one writing to a buffer."""
+runs, and what profiling cost. Rows come from :func:`torchstep_prof.record_store`; rendering
+takes a ``Console`` so tests can pass a fixed-width one writing to a buffer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .naming import TraceName, parse_trace_name
+from .naming import TraceName, format_timestamp, parse_trace_name
 from .record_store import ProfilingRecords, records
 
 if TYPE_CHECKING:  # rich costs ~70 ms to import: only when a summary is printed
@@ -51,23 +51,25 @@ def _file_cells(data: ProfilingRecords, folder: str | None, pid: int) -> tuple[l
             names.append(None)
     written = [(t, n) for t, n in zip(data.traces, names) if t.path]
     shortened = folder is not None and all(
-        n is not None and n.pid == pid and (n.role, n.stage, n.step, n.rank) == (t.role, t.stage, t.step, t.rank)
+        n is not None
+        and n.pid == pid
+        and (n.role, n.stage, n.step, n.rank) == (t.role, t.stage, t.step, t.rank)
         for t, n in written
     )
     if not shortened:
         cells = [_display(t.path, folder) if t.path else "NOT WRITTEN" for t in data.traces]
         return cells, ""
-    stamps = [os.path.basename(t.path).split("_")[5] for t, _ in written]  # <ts>[.json...]
-    digits = [stamp[:17] for stamp in stamps]
-    common = len(os.path.commonprefix(digits)) if len(digits) > 1 else 8
+    def tail(name: TraceName) -> str:  # what follows the pid in the name
+        part = f"_part{name.part}" if name.part else ""
+        return f"{format_timestamp(name.timestamp)}{part}{'.json.gz' if name.gzip else '.json'}"
+
+    stamps = [format_timestamp(n.timestamp) for _, n in written if n is not None]
+    common = len(os.path.commonprefix(stamps)) if len(stamps) > 1 else 8
     cut = min(common, 8)  # keep the time of day (HHMMSS + ms): a reader matches it by eye
-    cells = []
-    for trace in data.traces:
-        if not trace.path:
-            cells.append("NOT WRITTEN")
-            continue
-        tail = os.path.basename(trace.path).split("_", 5)[5]
-        cells.append(f"…{tail[cut:]}" if cut else tail)
+    cells = [
+        "NOT WRITTEN" if name is None else (f"…{tail(name)[cut:]}" if cut else tail(name))
+        for name in names
+    ]
     world = data.traces[0].world_size if data.traces else 1
     rank = "<rank>" if len({t.rank for t in data.traces}) > 1 else str(data.traces[0].rank)
     how = f"file: the end of <role>_<stage>_step<n>_rank{rank}-of-{world}_pid{pid}_<UTC time>.json"

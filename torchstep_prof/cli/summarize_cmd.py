@@ -72,7 +72,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         _tracedir.report_unreadable(unreadable)
     else:
-        render_summary(summary, _tracedir.output_console(), title=default_title(args.directory, summary))
+        title = default_title(args.directory, summary)
+        render_summary(summary, _tracedir.output_console(), title=title)
     if not infos:
         return _tracedir.nothing_found(args, filters, unreadable)
     return _tracedir.EXIT_OK
