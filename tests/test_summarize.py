@@ -213,7 +213,7 @@ def test_choose_runs_keeps_the_newest_pid_per_rank_and_role() -> None:
         (0, 200, (100,), 1), (1, 200, (100,), 1)
     ]
     (line,) = describe_other_runs(choice.other_runs)
-    assert "rank 0, 1" in line and "pid 200" in line and "left out pid 100" in line
+    assert "ranks 0, 1 use" in line and "pid 200" in line and "left out pid 100" in line
 
 
 @pytest.mark.parametrize(

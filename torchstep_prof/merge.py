@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import math
 import os
 import secrets
 from typing import IO, Any, Iterable, Iterator
@@ -169,6 +170,8 @@ def _track_events(
     for event in iter_events(trace):
         if event.get("ph") == "M" and event.get("name") in _PROCESS_METADATA:
             continue
+        if not _placeable(event):
+            continue  # a NaN or infinite time has no place on a timeline (nor in strict JSON)
         event = dict(event)
         old_pid = event.get("pid")
         event["pid"] = pid
@@ -187,6 +190,14 @@ def _track_events(
             event["s"] = "p"  # a global instant would cross every track of the merge
         events.append(event)
     return events, max_id
+
+
+def _placeable(event: dict[str, Any]) -> bool:
+    for key in ("ts", "dur"):
+        value = event.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+    return True
 
 
 def _metadata(name: str, pid: int, args: dict[str, Any]) -> dict[str, Any]:

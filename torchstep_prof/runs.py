@@ -85,10 +85,14 @@ def describe_other_runs(other_runs: Sequence[OtherRun]) -> list[str]:
         lines.setdefault((run.pid, run.other_pids), []).append(run.rank)
     out = []
     for (pid, other_pids), ranks in lines.items():
-        ranks_text = ", ".join(map(str, sorted(set(ranks))))
+        ranks = sorted(set(ranks))
+        if len(ranks) > 1:
+            which = f"ranks {', '.join(map(str, ranks))} use"
+        else:
+            which = f"rank {ranks[0]} uses"
         others = ", ".join("?" if p is None else str(p) for p in other_pids)
         out.append(
-            f"warning: several runs in one folder: rank {ranks_text} uses the newest, "
+            f"warning: several runs in one folder: {which} the newest, "
             f"pid {'?' if pid is None else pid}; left out pid {others} (--pid chooses)"
         )
     return out
