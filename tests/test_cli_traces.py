@@ -141,7 +141,12 @@ def test_python_dash_m_exit_code(tmp_path: Path) -> None:
         timeout=120,
     )
     assert empty.returncode == 1, empty.stderr
-    assert json.loads(empty.stdout) == {"groups": [], "unreadable": []}
+    assert json.loads(empty.stdout) == {
+        "groups": [],
+        "findings": [],
+        "unreadable": [],
+        "other_runs": [],
+    }
     assert "no usable trace" in empty.stderr
 
 
@@ -174,11 +179,14 @@ def test_ls_lists_one_sorted_line_per_trace(folder: Path, capsys) -> None:
     code, out, err = _run(capsys, "ls", folder)
     assert code == 0
     header, *lines = out.splitlines()
-    assert header.split() == ["role", "stage", "step", "rank", "world", "wall_ms", "size", "path"]
-    fields = [line.split() for line in lines]
-    assert [(f[0], f[1], int(f[2]), int(f[3]), int(f[4])) for f in fields] == [
-        ("actor", "update", step, rank, 4) for step in (1, 2) for rank in range(4)
+    assert header.split() == [
+        "role", "stage", "step", "occ", "rank", "world", "pid", "wall_ms", "size", "path"
     ]
+    fields = [line.split() for line in lines]
+    assert [(f[0], f[1], int(f[2]), int(f[3]), int(f[4]), int(f[5])) for f in fields] == [
+        ("actor", "update", step, 1, rank, 4) for step in (1, 2) for rank in range(4)
+    ]
+    assert {int(f[6]) for f in fields} == {os.getpid()}  # the factory's process wrote them
     assert all(Path(f[-1]).is_file() for f in fields)
     _assert_bad_files_named(err)
 
@@ -276,3 +284,193 @@ def test_hta_links_are_absolute(folder: Path, tmp_path: Path, capsys, monkeypatc
     out = tmp_path / "hta"
     assert _run(capsys, *_hta_args(Path(folder.name), out))[0] == 0
     assert all(os.path.isabs(os.readlink(e)) and e.resolve().is_file() for e in out.iterdir())
+
+
+# --- occurrences, several runs, fused traces, layout, version ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two ranks; trainer/forward ran twice in step 1 (gradient accumulation), the second
+    occurrence slower on rank 1."""
+    root = tmp_path_factory.mktemp("micro")
+    for rank in (0, 1):
+        write_trace(root, role="trainer", stage="forward", rank=rank, world_size=2, occurrence=1)
+        write_trace(
+            root, role="trainer", stage="forward", rank=rank, world_size=2, occurrence=2,
+            sleep_s=0.08 if rank == 1 else 0.005,
+        )
+    return root
+
+
+def test_occurrences_are_groups_never_ranks(micro: Path, capsys) -> None:
+    code, out, _ = _run(capsys, "summarize", micro, "--json")
+    doc = json.loads(out)
+    assert_summary_shape(doc)
+    assert [(g["occurrence"], [r["rank"] for r in g["ranks"]]) for g in doc["groups"]] == [
+        (1, [0, 1]),
+        (2, [0, 1]),
+    ]
+    assert all(r["pid"] == os.getpid() for g in doc["groups"] for r in g["ranks"])
+    code, out, _ = _run(capsys, "summarize", micro)
+    assert code == 0 and "occ" in out.splitlines()[1]
+    assert "trainer/forward #2" in out
+
+
+def test_merge_labels_occurrences_and_hta_takes_one(micro: Path, tmp_path: Path, capsys) -> None:
+    code, _, _ = _run(capsys, "merge", micro, "-o", tmp_path / "m.json")
+    merged = json.loads((tmp_path / "m.json").read_text())
+    names = sorted(e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name")
+    assert names == [
+        "trainer/forward rank 0 step 1",
+        "trainer/forward rank 0 step 1 #2",
+        "trainer/forward rank 1 step 1",
+        "trainer/forward rank 1 step 1 #2",
+    ]
+    args = ["hta", micro, "--role", "trainer", "--stage", "forward", "--step", 1]
+    code, out, _ = _run(capsys, *args, "-o", tmp_path / "h1")
+    assert code == 0 and "left out occurrence(s) 2" in out
+    code, out, _ = _run(capsys, *args, "--occurrence", 2, "-o", tmp_path / "h2")
+    assert code == 0 and "left out occurrence(s) 1" in out
+    for folder, occurrence in ((tmp_path / "h1", 1), (tmp_path / "h2", 2)):
+        linked = sorted(folder.iterdir())
+        assert len(linked) == 2
+        assert {json.loads(p.read_text())["torchstep_prof"]["occurrence"] for p in linked} == {
+            occurrence
+        }
+
+
+def test_several_runs_use_the_newest_and_pid_chooses(tmp_path: Path, capsys) -> None:
+    for rank in (0, 1):
+        write_trace(tmp_path, rank=rank, world_size=2, pid=100, sleep_s=0.05)
+    for rank in (0, 1):
+        write_trace(tmp_path, rank=rank, world_size=2, pid=200)
+    code, out, err = _run(capsys, "summarize", tmp_path, "--json")
+    doc = json.loads(out)
+    assert code == 0
+    assert [(r["rank"], r["pid"]) for r in doc["groups"][0]["ranks"]] == [(0, 200), (1, 200)]
+    assert {(o["rank"], o["pid"], tuple(o["other_pids"])) for o in doc["other_runs"]} == {
+        (0, 200, (100,)),
+        (1, 200, (100,)),
+    }
+    assert "left out pid 100" in err and "--pid" in err
+    code, out, _ = _run(capsys, "summarize", tmp_path, "--json", "--pid", "100")
+    assert [r["pid"] for r in json.loads(out)["groups"][0]["ranks"]] == [100, 100]
+    code, out, _ = _run(capsys, "ls", tmp_path, "--json")
+    assert sorted(json.loads(line)["pid"] for line in out.splitlines()) == [100, 100, 200, 200]
+
+
+def test_fused_traces_group_across_ranks_whatever_roles(tmp_path: Path, capsys) -> None:
+    write_trace(
+        tmp_path, role="eval-trainer", stage="train", rank=0, world_size=2, discrete=False,
+        regions=("eval/run", "trainer/forward"),
+    )
+    write_trace(
+        tmp_path, role="trainer", stage="train", rank=1, world_size=2, discrete=False,
+        regions=("trainer/forward",),
+    )
+    code, out, _ = _run(capsys, "summarize", tmp_path, "--json")
+    (group,) = json.loads(out)["groups"]
+    assert group["role"] == "eval-trainer" and group["fused"] is True
+    assert [(r["rank"], r["role"]) for r in group["ranks"]] == [(0, "eval-trainer"), (1, "trainer")]
+    code, out, err = _run(
+        capsys, "hta", tmp_path, "--role", "trainer", "--stage", "train", "--step", 1,
+        "-o", tmp_path / "hta",
+    )
+    assert code == 0 and "no trace for rank" not in err
+    assert len(list((tmp_path / "hta").iterdir())) == 2
+
+
+REGIONS = ("trainer/optimizer-step", "learner/compute-advantages")
+
+
+def test_summarize_table_at_80_columns_in_a_log(tmp_path: Path) -> None:
+    for region in REGIONS:
+        role, stage = region.split("/")
+        write_ranks(tmp_path, world_size=3, role=role, stage=stage, slow={1: 0.03})
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="80")
+    result = subprocess.run(
+        [sys.executable, "-m", "torchstep_prof", "summarize", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    assert not [line for line in lines if line != line.rstrip()]
+    for region in REGIONS:
+        assert any(region in line for line in lines), region
+    # operator names stay on the line of their self time
+    assert not [line for line in lines if line.strip().startswith("aten::")]
+
+
+def test_version(capsys) -> None:
+    from torchstep_prof import __version__
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"torchstep-prof {__version__}"
+    result = subprocess.run(
+        [sys.executable, "-m", "torchstep_prof", "--version"],
+        env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == f"torchstep-prof {__version__}"
+
+
+JOB = """
+import torch
+import torchstep_prof as tsp
+
+with tsp.schedule(steps=[1]), tsp.configure(save_path={save_path!r}, summary=False):
+    with tsp.step(1):
+        for _ in range(2):  # gradient accumulation: two micro-batches
+            with tsp.profile_region("trainer", "forward"):
+                torch.ones(64, 64).mm(torch.ones(64, 64)).sum()
+        with tsp.profile_region("trainer", "optimizer-step"):
+            torch.ones(8).sum()
+print("pid", __import__("os").getpid())
+"""
+
+
+def test_end_to_end_on_real_traces_of_two_runs(tmp_path: Path, capsys) -> None:
+    """Two real runs of a loop with two micro-batches write into one folder: the CLI uses the
+    newest run, names the other, and keeps the micro-batches apart."""
+    save = tmp_path / "profile"
+    script = tmp_path / "job.py"
+    script.write_text(JOB.format(save_path=str(save)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
+    env["PYTHONPATH"] = str(REPO)
+    pids = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180
+        )
+        assert done.returncode == 0, done.stderr
+        pids.append(int(re.search(r"^pid (\d+)$", done.stdout, re.M)[1]))
+    assert len(list(save.iterdir())) == 6
+
+    code, out, err = _run(capsys, "summarize", save, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert_summary_shape(doc)
+    assert {r["pid"] for g in doc["groups"] for r in g["ranks"]} == {pids[1]}
+    assert [(o["rank"], o["pid"], o["other_pids"]) for o in doc["other_runs"]] == [
+        (0, pids[1], [pids[0]])
+    ]
+    assert f"left out pid {pids[0]}" in err
+    code, out, _ = _run(capsys, "summarize", save, "--json", "--pid", pids[0])
+    assert {r["pid"] for g in json.loads(out)["groups"] for r in g["ranks"]} == {pids[0]}
+
+    metadata = json.loads(next(save.glob("trainer_forward_*")).read_text())["torchstep_prof"]
+    if "occurrence" not in metadata:
+        pytest.skip("this writer does not record occurrences yet (issue 11 item 3, steps branch)")
+    forward = [g for g in doc["groups"] if g["stage"] == "forward"]
+    assert [(g["occurrence"], len(g["ranks"])) for g in forward] == [(1, 1), (2, 1)]
+    code, _, _ = _run(capsys, "merge", save, "-o", tmp_path / "m.json")
+    merged = json.loads((tmp_path / "m.json").read_text())
+    tracks = sorted(i["track"] for i in merged["torchstep_prof_merge"]["inputs"])
+    assert tracks == [
+        "trainer/forward rank 0 step 1",
+        "trainer/forward rank 0 step 1 #2",
+        "trainer/optimizer-step rank 0 step 1",
+    ]

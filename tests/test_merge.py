@@ -231,3 +231,26 @@ def test_track_label() -> None:
         size_bytes=0,
     )
     assert track_label(info) == "actor/compute-log-prob rank 2 step 3"
+
+
+def test_track_label_marks_occurrences_from_the_second() -> None:
+    info = TraceInfo(
+        path="p", role="trainer", stage="forward", step=15, rank=0, world_size=2,
+        wall_ms=1.0, base_time_ns=None, size_bytes=0, occurrence=2,
+    )
+    assert track_label(info) == "trainer/forward rank 0 step 15 #2"
+    assert track_label(attrs.evolve(info, occurrence=1)) == "trainer/forward rank 0 step 15"
+
+
+def test_skip_bad_leaves_out_an_input_and_names_it(run: dict, tmp_path: Path) -> None:
+    good = read_trace_info(run["written"][0].path)
+    gone = attrs.evolve(good, path=str(tmp_path / "gone.json"), rank=1)  # deleted since the scan
+    result = merge_traces([good, gone], tmp_path / "out.json", skip_bad=True)
+    assert [t.path for t in result.tracks] == [good.path]
+    assert [path for path, _ in result.skipped] == [gone.path]
+    merged = json.loads((tmp_path / "out.json").read_text())
+    assert [i["file"] for i in merged["torchstep_prof_merge"]["inputs"]] == [good.path]
+    assert set(_tracks(merged).values()) == {"actor/update rank 0 step 1"}
+    with pytest.raises(ValueError, match="every input was skipped"):
+        merge_traces([gone], tmp_path / "none.json", skip_bad=True)
+    assert not (tmp_path / "none.json").exists()

@@ -148,3 +148,95 @@ def test_nothing_to_render_but_skipped_files() -> None:
         "Skipped 1 file(s) that are not usable traces:",
         "  x.json: not valid JSON",
     ]
+
+
+# --- occurrences, fused groups, runs, absurd values ---------------------------------------------
+
+
+def _trace(rank: int, wall_ms: float, **fields) -> TraceInfo:
+    values = dict(
+        path=f"t/{fields.get('role', 'actor')}_{rank}_{fields.get('pid', 1)}_"
+        f"{fields.get('occurrence', 1)}_{wall_ms}.json",
+        role="actor",
+        stage="update",
+        step=1,
+        rank=rank,
+        world_size=2,
+        wall_ms=wall_ms,
+        base_time_ns=0,
+        size_bytes=1,
+        start_ns=int(wall_ms * 1e6),
+    )
+    values.update(fields)
+    return TraceInfo(**values)
+
+
+def test_occurrences_are_separate_groups() -> None:
+    infos = [_trace(r, 10.0 + r, occurrence=k) for r in (0, 1) for k in (1, 2)]
+    groups = summarize(infos).groups
+    assert [(g.occurrence, [r.rank for r in g.ranks]) for g in groups] == [(1, [0, 1]), (2, [0, 1])]
+    assert [g.label for g in groups] == ["actor/update", "actor/update #2"]
+    text = _render(summarize(infos), width=80)
+    header = next(line for line in text.splitlines() if line.startswith("region"))
+    assert header.split()[:4] == ["region", "step", "occ", "rank"]
+    assert "occ" not in _render(summarize(infos[:1]), width=80)
+
+
+def test_fused_traces_of_a_step_are_one_group_labelled_by_their_roles() -> None:
+    infos = [
+        _trace(0, 20.0, role="eval-trainer", stage="train", fused=True, roles=("eval", "trainer")),
+        _trace(1, 12.0, role="trainer", stage="train", fused=True, roles=("trainer",)),
+        _trace(0, 3.0, role="trainer", stage="train", step=2, fused=True, roles=("trainer",)),
+    ]
+    groups = summarize(infos).groups
+    assert [(g.role, g.step, [r.rank for r in g.ranks]) for g in groups] == [
+        ("eval-trainer", 1, [0, 1]),
+        ("trainer", 2, [0]),
+    ]
+    doc = summary_to_dict(summarize(infos))
+    assert [r["role"] for r in doc["groups"][0]["ranks"]] == ["eval-trainer", "trainer"]
+    text = _render(summarize(infos), width=80)
+    assert "ran eval-trainer" in text and "ran trainer" in text
+
+
+def test_choose_runs_keeps_the_newest_pid_per_rank_and_role() -> None:
+    from torchstep_prof.runs import choose_runs, describe_other_runs
+
+    old = [_trace(r, 10.0, pid=100) for r in (0, 1)]
+    new = [_trace(r, 50.0, pid=200) for r in (0, 1)]
+    other_role = [_trace(0, 5.0, pid=300, role="rollout")]  # a Ray worker sharing rank 0
+    choice = choose_runs(old + new + other_role)
+    assert sorted((t.rank, t.role, t.pid) for t in choice.traces) == [
+        (0, "actor", 200), (0, "rollout", 300), (1, "actor", 200)
+    ]
+    assert [(o.rank, o.pid, o.other_pids, o.left_out) for o in choice.other_runs] == [
+        (0, 200, (100,), 1), (1, 200, (100,), 1)
+    ]
+    (line,) = describe_other_runs(choice.other_runs)
+    assert "ranks 0, 1 use" in line and "pid 200" in line and "left out pid 100" in line
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(170.44, "170.4"), (0.0, "0.0"), (3.2e14, "3.2e+14"), (float("nan"), "?"), (float("inf"), "?")],
+)
+def test_format_ms(value: float, text: str) -> None:
+    from torchstep_prof.summarize import format_ms
+
+    assert format_ms(value) == text
+
+
+def test_table_lines_have_no_trailing_spaces_and_names_stay_whole() -> None:
+    infos = [
+        _trace(r, 10.0 + 30 * (r == 2), role=role, stage=stage,
+               top_ops=(OpTime(name="aten::native_layer_norm_backward", self_ms=3.0),))
+        for role, stage in (("trainer", "optimizer-step"), ("learner", "compute-advantages"))
+        for r in range(3)
+    ]
+    for width in (60, 80, 120):
+        lines = _render(summarize(infos), width=width).splitlines()
+        assert max(map(len, lines)) <= width
+        assert not [line for line in lines if line != line.rstrip()]
+        for name in ("trainer/optimizer-step", "learner/compute-advantages"):
+            assert any(name in line for line in lines), (width, name)
+        assert not [line for line in lines if line.strip().startswith("aten::")]

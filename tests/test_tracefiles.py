@@ -268,3 +268,49 @@ def test_gzip_detected_by_content_not_name(folder: dict, tmp_path: Path) -> None
     path = tmp_path / "actor_update_step1_rank0-of-1_pid1_20260101000000000.json"
     path.write_bytes(gzip.compress(folder["written"]["rank1"].path.read_bytes()))
     assert json.dumps(load_trace(path)) == json.dumps(load_trace(folder["written"]["rank1"].path))
+
+
+def test_occurrence_pid_and_fused_roles_come_from_the_trace(tmp_path: Path) -> None:
+    second = write_trace(tmp_path, role="trainer", stage="forward", occurrence=2, pid=4242)
+    info = read_trace_info(second.path)
+    assert (info.occurrence, info.pid, info.fused, info.roles) == (2, 4242, False, ("trainer",))
+    older = read_trace_info(write_trace(tmp_path / "old", role="ref", stage="fwd").path)
+    assert older.occurrence == 1  # written before occurrences existed
+    fused = write_trace(
+        tmp_path / "fused", role="eval-trainer", stage="train", discrete=False,
+        regions=("eval/run", "trainer/forward"),
+    )
+    info = read_trace_info(fused.path)
+    assert info.fused and info.roles == ("eval", "trainer")
+    assert TraceFilter(roles=["trainer"]).matches(info)
+    assert not TraceFilter(roles=["critic"]).matches(info)
+    assert TraceFilter(pids=[os.getpid()]).matches(info)
+    assert not TraceFilter(pids=[1]).matches(info)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"traceEvents": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # RecursionError
+        b"\x1f\x8b" + b"garbage" * 20,  # BadGzipFile
+        b'{"a": "caf\xe9"}',  # UnicodeDecodeError
+        b"[1, 2, 3]",
+        b"",
+    ],
+)
+def test_load_trace_turns_any_failure_into_a_trace_read_error(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceReadError, match="bad.json"):
+        load_trace(path)
+    infos, unreadable = scan_traces(tmp_path)
+    assert infos == [] and [u.path for u in unreadable] == [str(path)]
+
+
+def test_absurd_times_give_a_finite_wall_time(tmp_path: Path) -> None:
+    from trace_factory import write_absurd
+
+    source = write_trace(tmp_path / "src", sleep_s=0.01)
+    for changes in ({"ts": 1e300}, {"dur": -5}, {"dur": float("nan")}, {"dur": 1e300}):
+        info = read_trace_info(write_absurd(tmp_path, source.path, **changes))
+        assert 0 <= info.wall_ms < 1e14, changes

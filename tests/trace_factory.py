@@ -59,12 +59,18 @@ def write_trace(
     distributed_info: bool = True,
     file_name: str | None = None,
     discrete: bool = True,
+    occurrence: int | None = None,
+    pid: int | None = None,
+    regions: tuple[str, ...] = (),
 ) -> WrittenTrace:
     """Record and export one trace into ``directory``; returns where and when.
 
     ``metadata=False`` leaves out the ``torchstep_prof`` key (an older file: only its name
     describes it), ``distributed_info=False`` leaves out ``distributedInfo``; ``file_name``
-    replaces the built name.
+    replaces the built name. ``occurrence`` goes into the metadata (left out when None, as in
+    files written before occurrences existed); ``pid`` stands for the writing process in the
+    name and metadata (another run). ``regions`` (``"role/stage"``) are nested ranges, as a
+    fused trace (``discrete=False``, stage ``train``) holds them.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -75,13 +81,21 @@ def write_trace(
         started = time.time()
         started_ns = time.time_ns()
         with record_function(f"ProfilerStep#{step}"):
-            with _region_range(f"{role}/{stage}"):
+            outer = _region_range(f"{role}/{stage}") if discrete else record_function("step")
+            with outer:
+                for region in regions:
+                    with _region_range(region):
+                        torch.relu(x).sum()
                 y = torch.relu(x @ x).sum()
                 time.sleep(sleep_s)
                 (x + y).mul_(0.5)
         labels = {"role": sanitize_label(role), "stage": sanitize_label(stage)}
+        pid = os.getpid() if pid is None else pid
         if metadata:
             meta = dict(labels, step=step, rank=rank, world_size=world_size, discrete=discrete)
+            meta["pid"] = pid
+            if occurrence is not None:
+                meta["occurrence"] = occurrence
             prof.add_metadata_json("torchstep_prof", json.dumps(meta))
         if distributed_info:
             prof.add_metadata_json(
@@ -96,7 +110,7 @@ def write_trace(
             step=step,
             rank=rank,
             world_size=world_size,
-            pid=os.getpid(),
+            pid=pid,
             timestamp=dt.datetime.fromtimestamp(started, dt.timezone.utc),
             gzip=gzip,
         )
@@ -182,18 +196,21 @@ def _read(path: Path) -> bytes:
 
 def assert_summary_shape(doc: Any) -> None:
     """Fail unless ``doc`` has the shape SPEC.md documents for ``summarize --json``."""
-    assert isinstance(doc, dict) and {"groups", "unreadable"} <= doc.keys(), doc
+    assert isinstance(doc, dict), doc
+    assert {"groups", "findings", "unreadable", "other_runs"} <= doc.keys(), doc
+    assert isinstance(doc["findings"], list) and isinstance(doc["other_runs"], list)
     assert isinstance(doc["unreadable"], list)
     assert all(isinstance(path, str) for path in doc["unreadable"])
     assert isinstance(doc["groups"], list)
     for group in doc["groups"]:
         assert isinstance(group["role"], str) and isinstance(group["stage"], str)
-        assert _is_int(group["step"])
+        assert _is_int(group["step"]) and _is_int(group["occurrence"]) and group["occurrence"] >= 1
         assert _is_number(group["median_ms"])
         assert group["straggler"] is None or _is_int(group["straggler"])
         assert isinstance(group["ranks"], list) and group["ranks"]
         for rank in group["ranks"]:
             assert _is_int(rank["rank"]) and _is_number(rank["wall_ms"])
+            assert rank["pid"] is None or _is_int(rank["pid"])
             assert isinstance(rank["file"], str)
             assert isinstance(rank["top_ops"], list)
             for op in rank["top_ops"]:
@@ -206,3 +223,56 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def write_bad_files(directory: str | os.PathLike[str], source: Path) -> dict[str, Path]:
+    """One real file of each kind a parser may choke on, named by kind; ``source`` is a real
+    trace some of them are made from."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    trace = json.loads(_read(source))
+    files = {
+        "deep": directory / "deep.json",
+        "list": directory / "list.json",
+        "not_utf8": directory / "latin1.json",
+        "bad_gzip": directory / "bad.json.gz",
+        "truncated_gzip": directory / "cut.json.gz",
+        "empty": directory / "empty.json",
+        "events_not_list": directory / "events.json",
+    }
+    depth = 100_000  # far past Python's recursion limit: json raises RecursionError
+    files["deep"].write_text('{"traceEvents": ' + "[" * depth + "]" * depth + "}")
+    files["list"].write_text(json.dumps([trace]))
+    files["not_utf8"].write_bytes(b'{"traceEvents": [], "name": "caf\xe9"}')
+    files["bad_gzip"].write_bytes(b"\x1f\x8b" + b"not really gzip" * 10)
+    files["truncated_gzip"].write_bytes(_gzip.compress(json.dumps(trace).encode())[:200])
+    files["empty"].write_bytes(b"")
+    files["events_not_list"].write_text(json.dumps(dict(trace, traceEvents={"a": 1})))
+    return files
+
+
+def write_absurd(directory: str | os.PathLike[str], source: Path, **changes: Any) -> Path:
+    """A copy of the real trace ``source`` (a trace name, so it is read) whose ``ProfilerStep``
+    range and region range get the given ``ts`` / ``dur`` values (1e300, -5, NaN...)."""
+    trace = json.loads(_read(source))
+    for event in trace["traceEvents"]:
+        if event.get("ph") == "X" and (
+            str(event.get("name", "")).startswith("ProfilerStep#") or "/" in str(event.get("name"))
+        ):
+            event.update(changes)
+    meta = trace["torchstep_prof"]
+    name = build_trace_name(
+        TraceName(
+            role=meta["role"],
+            stage="absurd-" + "-".join(sorted(changes)),
+            step=meta["step"],
+            rank=meta["rank"],
+            world_size=meta["world_size"],
+            pid=meta.get("pid", 1),
+            timestamp=dt.datetime.now(dt.timezone.utc),
+        )
+    )
+    trace["torchstep_prof"] = dict(meta, stage="absurd-" + "-".join(sorted(changes)))
+    path = Path(directory) / name
+    path.write_text(json.dumps(trace))  # json writes NaN and Infinity as such
+    return path

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Iterator, Sequence, Tuple
 
 import attrs
 
-__all__ = ["OP_CATEGORIES", "OpTime", "is_operator", "iter_events", "region_time", "top_ops"]
+__all__ = [
+    "OP_CATEGORIES",
+    "OpTime",
+    "is_operator",
+    "iter_events",
+    "region_roles",
+    "region_time",
+    "top_ops",
+]
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
@@ -43,13 +52,14 @@ def region_time(events: list[Any], step: int) -> tuple[float, float | None]:
         if not isinstance(event, dict) or event.get("ph") != "X":
             continue
         match = _PROFILER_STEP.match(str(event.get("name", "")))
-        if match and _number(event.get("dur")) is not None and _number(event.get("ts")) is not None:
+        dur, ts = _number(event.get("dur"), duration=True), _number(event.get("ts"))
+        if match and dur is not None and ts is not None:
             if chosen is None or int(match[1]) == step:
                 chosen = event
                 if int(match[1]) == step:
                     break
     if chosen is not None:
-        return chosen["dur"] / 1000.0, chosen["ts"]
+        return float(chosen["dur"]) / 1000.0, float(chosen["ts"])
     first = last = None
     for event in events:
         if not isinstance(event, dict) or event.get("cat") == "Trace":
@@ -57,7 +67,7 @@ def region_time(events: list[Any], step: int) -> tuple[float, float | None]:
         ts = _number(event.get("ts"))
         if ts is None or event.get("ph") == "M":
             continue
-        end = ts + (_number(event.get("dur")) or 0.0)
+        end = ts + (_number(event.get("dur"), duration=True) or 0.0)
         first = ts if first is None else min(first, ts)
         last = end if last is None else max(last, end)
     if first is None or last is None:
@@ -65,10 +75,40 @@ def region_time(events: list[Any], step: int) -> tuple[float, float | None]:
     return (last - first) / 1000.0, first
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
+MAX_TIME_US = 1e17
+"""Times past this many microseconds (3000 years) are corrupt values, ignored like missing ones:
+a ``ts`` of 1e300 must not make a region last 1e297 ms."""
+
+
+def _number(value: Any, *, duration: bool = False) -> float | None:
+    """A time in µs that makes sense: finite, within :data:`MAX_TIME_US`, and >= 0 for a
+    duration; None for anything else (a string, NaN, a negative duration...)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range
+        return None
+    if not math.isfinite(number) or abs(number) > MAX_TIME_US or (duration and number < 0):
+        return None
+    return number
+
+
+def region_roles(events: list[Any]) -> list[str]:
+    """The roles of the region ranges (``<role>/<stage>``) in ``events``, in order of first
+    appearance, as written (raw labels)."""
+    roles: dict[str, None] = {}
+    for event in events:
+        if not isinstance(event, dict) or event.get("ph") != "X":
+            continue
+        name, cat = event.get("name"), event.get("cat")
+        if isinstance(name, str) and cat in ("cpu_op", "user_annotation") and _is_region(name):
+            roles.setdefault(name.split("/", 1)[0], None)
+    return list(roles)
+
+
+def _is_region(name: str) -> bool:
+    return "/" in name and "::" not in name and not name.startswith("ProfilerStep#")
 
 
 def top_ops(trace: dict[str, Any], n: int) -> Tuple[OpTime, ...]:
@@ -85,7 +125,7 @@ def top_ops(trace: dict[str, Any], n: int) -> Tuple[OpTime, ...]:
     for event in iter_events(trace):
         if event.get("ph") != "X":
             continue
-        ts, dur = _number(event.get("ts")), _number(event.get("dur"))
+        ts, dur = _number(event.get("ts")), _number(event.get("dur"), duration=True)
         if ts is None or dur is None:
             continue
         key = (repr(event.get("pid")), repr(event.get("tid")))

@@ -1,6 +1,7 @@
 """Merging traces: every input file becomes one process track of a single Chrome trace.
 
-Tracks are named ``<role>/<stage> rank <r> step <n>`` and sorted by step, role, stage and rank,
+Tracks are named ``<role>/<stage> rank <r> step <n>`` (`` #k`` appended for occurrence k >= 2)
+and sorted by step, role, stage, occurrence and rank,
 so all ranks of a region sit side by side on one timeline. Inputs are aligned on wall-clock time:
 an event's ``ts`` is relative to its own file's ``baseTimeNanoseconds``, so each file is shifted
 by the difference between its base and the earliest one, which becomes the output's base.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import math
 import os
 import secrets
 from typing import IO, Any, Iterable, Iterator
@@ -48,22 +50,29 @@ class MergeResult:
     base_time_ns: int
     tracks: tuple[MergedTrack, ...]
     events: int
+    skipped: tuple[tuple[str, str], ...] = ()  # (path, reason) of inputs left out (skip_bad)
 
 
 def track_label(info: TraceInfo) -> str:
-    """The name of an input's track: ``<role>/<stage> rank <r> step <n>``."""
-    return f"{info.role}/{info.stage} rank {info.rank} step {info.step}"
+    """The name of an input's track: ``<role>/<stage> rank <r> step <n>``, then `` #k`` for
+    occurrence k >= 2 (the region's k-th entry in that step, a micro-batch say)."""
+    label = f"{info.role}/{info.stage} rank {info.rank} step {info.step}"
+    return f"{label} #{info.occurrence}" if info.occurrence > 1 else label
 
 
 def merge_traces(
-    traces: Iterable[TraceInfo | str | os.PathLike[str]], out_path: str | os.PathLike[str]
+    traces: Iterable[TraceInfo | str | os.PathLike[str]],
+    out_path: str | os.PathLike[str],
+    *,
+    skip_bad: bool = False,
 ) -> MergeResult:
     """Write one Chrome trace holding every trace in ``traces``, each as its own process track.
 
     ``traces`` are :class:`~torchstep_prof.tracefiles.TraceInfo` records (from ``scan_traces``)
     or paths. The output is gzipped when ``out_path`` ends with ``.gz``, and appears complete or
     not at all. Inputs are read one at a time. Raises :class:`TraceReadError` when an input is
-    not a usable trace and ``ValueError`` when there is nothing to merge.
+    not a usable trace (with ``skip_bad``, leaves it out and names it in ``skipped`` instead)
+    and ``ValueError`` when there is nothing to merge.
 
     >>> infos, _ = scan_traces("outputs/profile", TraceFilter(steps=[3]))  # doctest: +SKIP
     >>> merge_traces(infos, "step3.json.gz").tracks[0].label                 # doctest: +SKIP
@@ -72,7 +81,7 @@ def merge_traces(
     infos = [t if isinstance(t, TraceInfo) else read_trace_info(t) for t in traces]
     if not infos:
         raise ValueError("no trace to merge")
-    infos.sort(key=lambda i: (i.step, i.role, i.stage, i.rank, i.path))
+    infos.sort(key=lambda i: (i.step, i.role, i.stage, i.occurrence, i.rank, i.path))
     # A trace without a base time comes from a torch that wrote epoch microseconds directly.
     base_ns = min(info.base_time_ns or 0 for info in infos)
     tracks = tuple(
@@ -80,41 +89,69 @@ def merge_traces(
         for index, info in enumerate(infos)
     )
     out_path = os.fspath(out_path)
-    header = {
-        "schemaVersion": 1,
-        "displayTimeUnit": "ms",
-        "baseTimeNanoseconds": base_ns,
-        "torchstep_prof_merge": {
-            "inputs": [
-                {"file": t.path, "pid": t.pid, "track": t.label, "rank": i.rank, "step": i.step}
-                for t, i in zip(tracks, infos)
-            ]
-        },
-    }
     written = 0
+    merged: list[tuple[MergedTrack, TraceInfo]] = []
+    skipped: list[tuple[str, str]] = []
     with _atomic_output(out_path) as out:
-        out.write(dumps(header)[:-1] + b',"traceEvents":[')
+        # The header goes last: only then is it known which inputs made it in.
+        out.write(b'{"traceEvents":[')
         id_offset = 0
         device_properties: Any = None
         for index, (info, track) in enumerate(zip(infos, tracks)):
-            trace = load_trace(info.path)
-            if "traceEvents" not in trace:
-                raise TraceReadError(f"{info.path}: not a Chrome trace (no traceEvents list)")
-            shift_us = ((info.base_time_ns or 0) - base_ns) / 1000.0
-            events, max_id = _track_events(trace, track, index, shift_us, id_offset)
+            try:
+                trace = load_trace(info.path)
+                if not isinstance(trace.get("traceEvents"), list):
+                    raise TraceReadError(f"{info.path}: not a Chrome trace (no traceEvents list)")
+                shift_us = ((info.base_time_ns or 0) - base_ns) / 1000.0
+                events, max_id = _track_events(trace, track, index, shift_us, id_offset)
+                chunk = dumps(events)[1:-1] if events else b""
+                count = len(events)
+            except Exception as exc:
+                if not skip_bad:
+                    if isinstance(exc, TraceReadError):
+                        raise
+                    raise TraceReadError(f"{info.path}: cannot merge ({exc!r})") from exc
+                skipped.append((info.path, str(exc)))
+                continue
             id_offset = max_id + 1
             if device_properties is None and trace.get("deviceProperties"):
                 device_properties = trace["deviceProperties"]
-            del trace
-            if events:
-                out.write((b"," if written else b"") + dumps(events)[1:-1])
-                written += len(events)
-            del events
-        out.write(b"]")
+            del trace, events
+            if chunk:
+                out.write((b"," if written else b"") + chunk)
+                written += count
+            merged.append((track, info))
+        if not merged:
+            raise ValueError("no trace to merge: every input was skipped")
+        header = {
+            "schemaVersion": 1,
+            "displayTimeUnit": "ms",
+            "baseTimeNanoseconds": base_ns,
+            "torchstep_prof_merge": {
+                "inputs": [
+                    {
+                        "file": t.path,
+                        "pid": t.pid,
+                        "track": t.label,
+                        "rank": i.rank,
+                        "step": i.step,
+                        "occurrence": i.occurrence,
+                    }
+                    for t, i in merged
+                ]
+            },
+        }
+        out.write(b"]," + dumps(header)[1:-1])
         if device_properties is not None:
             out.write(b',"deviceProperties":' + dumps(device_properties))
         out.write(b"}")
-    return MergeResult(path=out_path, base_time_ns=base_ns, tracks=tracks, events=written)
+    return MergeResult(
+        path=out_path,
+        base_time_ns=base_ns,
+        tracks=tuple(t for t, _ in merged),
+        events=written,
+        skipped=tuple(skipped),
+    )
 
 
 def _track_events(
@@ -133,6 +170,8 @@ def _track_events(
     for event in iter_events(trace):
         if event.get("ph") == "M" and event.get("name") in _PROCESS_METADATA:
             continue
+        if not _placeable(event):
+            continue  # a NaN or infinite time has no place on a timeline (nor in strict JSON)
         event = dict(event)
         old_pid = event.get("pid")
         event["pid"] = pid
@@ -151,6 +190,14 @@ def _track_events(
             event["s"] = "p"  # a global instant would cross every track of the merge
         events.append(event)
     return events, max_id
+
+
+def _placeable(event: dict[str, Any]) -> bool:
+    for key in ("ts", "dur"):
+        value = event.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+    return True
 
 
 def _metadata(name: str, pid: int, args: dict[str, Any]) -> dict[str, Any]:

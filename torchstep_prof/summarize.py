@@ -7,12 +7,14 @@ Data first: :func:`summarize` groups scanned traces by role, stage and step into
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
+from .runs import OtherRun
 from .tracefiles import OpTime, TraceInfo, Unreadable
 
 if TYPE_CHECKING:  # rich is imported where it renders: grouping traces does not need it
@@ -39,19 +41,25 @@ few milliseconds, a ratio alone flags noise."""
 
 @attrs.frozen(kw_only=True)
 class RankTime:
-    """One rank's trace within a group."""
+    """One rank's trace within a group (``role``: the trace's own role, which differs between
+    the ranks of a fused group when they ran different roles)."""
 
     rank: int
     wall_ms: float
     file: str
+    pid: Optional[int] = None
+    role: str = ""
     top_ops: Tuple[OpTime, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
 class GroupSummary:
-    """The traces of one region (role, stage) at one step, one per rank.
+    """The traces of one region (role, stage) at one step and occurrence, one per rank.
 
-    ``top_ops`` is the group's operators by self time averaged over its ranks.
+    A fused group (``fused``) holds the whole-step traces of its step from every rank, whatever
+    roles each rank ran; its ``role`` is the roles of its ranks' traces, distinct, joined by
+    ``-`` as fused file names join them. ``top_ops`` is the group's operators by self time
+    averaged over its ranks.
     """
 
     role: str
@@ -63,16 +71,26 @@ class GroupSummary:
     max_ms: float
     slowest: int
     straggler: Optional[int]
+    occurrence: int = 1
+    fused: bool = False
     top_ops: Tuple[OpTime, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``<role>/<stage>``, with `` #k`` for occurrence k >= 2."""
+        suffix = f" #{self.occurrence}" if self.occurrence > 1 else ""
+        return f"{self.role}/{self.stage}{suffix}"
 
 
 @attrs.frozen(kw_only=True)
 class Summary:
-    """Every group found, in role, stage, step order, and the files that could not be used."""
+    """Every group found, in role, stage, step, occurrence order; the files that could not be
+    used; the runs left out (several pids for one rank: see :mod:`torchstep_prof.runs`)."""
 
     groups: Tuple[GroupSummary, ...]
     unreadable: Tuple[Unreadable, ...] = ()
     straggler_ratio: float = DEFAULT_STRAGGLER_RATIO
+    other_runs: Tuple[OtherRun, ...] = ()
 
 
 def find_straggler(
@@ -103,18 +121,24 @@ def summarize(
     *,
     straggler_ratio: float = DEFAULT_STRAGGLER_RATIO,
     top: int = 5,
+    other_runs: Iterable[OtherRun] = (),
 ) -> Summary:
-    """Group ``traces`` by role, stage and step and find each group's straggler.
+    """Group ``traces`` by role, stage, step and occurrence and find each group's straggler.
 
-    A rank with two traces in one group (two runs in one folder) keeps both rows; the straggler
-    test uses the slower one.
+    Occurrences stay apart (a region that ran twice in a step is two groups, never two ranks).
+    Fused traces of a step form one group across ranks, whatever roles each rank ran. A rank
+    with two traces in one group keeps both rows; the straggler test uses the slower one
+    (:func:`torchstep_prof.runs.choose_runs` first keeps one run per rank).
     """
-    by_group: dict[tuple[str, str, int], list[TraceInfo]] = {}
+    by_group: dict[tuple[str, str, int, int], list[TraceInfo]] = {}
     for info in traces:
-        by_group.setdefault((info.role, info.stage, info.step), []).append(info)
+        role = _FUSED_KEY if info.fused else info.role
+        by_group.setdefault((role, info.stage, info.step, info.occurrence), []).append(info)
     groups = []
-    for (role, stage, step), infos in sorted(by_group.items()):
+    for (role, stage, step, occurrence), infos in by_group.items():
         infos.sort(key=lambda i: (i.rank, i.path))
+        if role == _FUSED_KEY:
+            role = "-".join(dict.fromkeys(r for i in infos for r in (i.roles or (i.role,))))
         walls: dict[int, float] = {}
         for info in infos:
             walls[info.rank] = max(walls.get(info.rank, 0.0), info.wall_ms)
@@ -124,8 +148,17 @@ def summarize(
                 role=role,
                 stage=stage,
                 step=step,
+                occurrence=occurrence,
+                fused=infos[0].fused,
                 ranks=tuple(
-                    RankTime(rank=i.rank, wall_ms=i.wall_ms, file=i.path, top_ops=i.top_ops[:top])
+                    RankTime(
+                        rank=i.rank,
+                        wall_ms=i.wall_ms,
+                        file=i.path,
+                        pid=i.pid,
+                        role=i.role,
+                        top_ops=i.top_ops[:top],
+                    )
                     for i in infos
                 ),
                 median_ms=statistics.median(values),
@@ -136,9 +169,16 @@ def summarize(
                 top_ops=_mean_ops(infos, top),
             )
         )
+    groups.sort(key=lambda g: (g.role, g.stage, g.step, g.occurrence))
     return Summary(
-        groups=tuple(groups), unreadable=tuple(unreadable), straggler_ratio=straggler_ratio
+        groups=tuple(groups),
+        unreadable=tuple(unreadable),
+        straggler_ratio=straggler_ratio,
+        other_runs=tuple(other_runs),
     )
+
+
+_FUSED_KEY = "\0fused"  # groups fused traces by step whatever their roles; never a label
 
 
 def _mean_ops(infos: Sequence[TraceInfo], top: int) -> Tuple[OpTime, ...]:
@@ -153,11 +193,14 @@ def _mean_ops(infos: Sequence[TraceInfo], top: int) -> Tuple[OpTime, ...]:
 def summary_to_dict(summary: Summary) -> dict[str, Any]:
     """The JSON shape of ``summarize --json``::
 
-    {"groups": [{"role", "stage", "step",
-                 "ranks": [{"rank", "wall_ms", "file", "top_ops": [{"name", "self_ms"}]}],
+    {"groups": [{"role", "stage", "step", "occurrence", "fused",
+                 "ranks": [{"rank", "pid", "role", "wall_ms", "file",
+                            "top_ops": [{"name", "self_ms"}]}],
                  "median_ms", "min_ms", "max_ms", "slowest", "straggler": <rank or null>,
                  "top_ops": [{"name", "self_ms"}]}],
-     "unreadable": [<path>, ...]}
+     "findings": [...],
+     "unreadable": [<path>, ...],
+     "other_runs": [{"rank", "role", "pid", "other_pids", "left_out"}]}
     """
     return {
         "groups": [
@@ -165,9 +208,13 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
                 "role": g.role,
                 "stage": g.stage,
                 "step": g.step,
+                "occurrence": g.occurrence,
+                "fused": g.fused,
                 "ranks": [
                     {
                         "rank": r.rank,
+                        "pid": r.pid,
+                        "role": r.role,
                         "wall_ms": _ms(r.wall_ms),
                         "file": r.file,
                         "top_ops": _ops(r.top_ops),
@@ -183,7 +230,18 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
             }
             for g in summary.groups
         ],
+        "findings": [],
         "unreadable": [u.path for u in summary.unreadable],
+        "other_runs": [
+            {
+                "rank": o.rank,
+                "role": o.role,
+                "pid": o.pid,
+                "other_pids": list(o.other_pids),
+                "left_out": o.left_out,
+            }
+            for o in summary.other_runs
+        ],
     }
 
 
@@ -195,51 +253,114 @@ def _ops(ops: Iterable[OpTime]) -> list[dict[str, Any]]:
     return [{"name": op.name, "self_ms": _ms(op.self_ms)} for op in ops]
 
 
+def format_ms(value: float) -> str:
+    """A duration for a table cell: one decimal, or a short exponent form for absurd values (a
+    corrupt trace must not widen a column by hundreds of characters).
+
+    >>> format_ms(170.44), format_ms(3.2e14), format_ms(float("nan"))
+    ('170.4', '3.2e+14', '?')
+    """
+    if not math.isfinite(value):
+        return "?"
+    return f"{value:.1f}" if abs(value) < 1e7 else f"{value:.1e}"
+
+
 def render_summary(summary: Summary, console: Console, *, title: str | None = None) -> None:
     """Print ``summary`` as one table (a section per group), then the files that were skipped.
 
     Each group shows every rank's wall time and its ratio to the group's median, the slowest
     rank, a straggler flag, and the group's top operators (self time averaged over its ranks);
-    a straggler's row also shows its own top operators.
+    a straggler's row also shows its own top operators. Region names are never folded and no
+    line ends with spaces; when the console is too narrow for an operators column, the
+    operators are listed under the table instead.
     """
     from rich.text import Text
 
+    from ._plain_console import print_stripped
+
     if summary.groups:
-        console.print(_table(summary, title))
+        table, ops_below = _table(summary, title, console.width)
+        print_stripped(console, table)
+        for group in summary.groups if ops_below else ():
+            if group.top_ops:
+                heading = f"{group.label} step {group.step}, top ops (self ms):"
+                print_stripped(console, Text(heading))
+                print_stripped(console, Text("\n".join(_ops_lines(group.top_ops))), no_wrap=True)
+        caption = (
+            f"straggler: over {summary.straggler_ratio:g}x its group's median and at least "
+            f"{STRAGGLER_MIN_MS:g} ms over it. top ops: self time, averaged over the group's ranks."
+        )
+        print_stripped(console, Text(caption))
     if summary.unreadable:
-        console.print(f"Skipped {len(summary.unreadable)} file(s) that are not usable traces:")
+        count = len(summary.unreadable)
+        print_stripped(console, f"Skipped {count} file(s) that are not usable traces:")
         for item in summary.unreadable:
-            console.print(Text(f"  {item.path}: {item.reason}"), soft_wrap=True)
+            print_stripped(console, Text(f"  {item.path}: {item.reason}"), soft_wrap=True)
 
 
-def _table(summary: Summary, title: str | None) -> Table:
+_GAP = 2  # characters between two columns
+_MIN_OPS_WIDTH = 16  # narrower than this, the operators go under the table
+
+
+def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool]:
+    """The table, and whether the operators must be listed under it (no room for a column)."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    caption = (
-        f"straggler: over {summary.straggler_ratio:g}x its group's median and at least "
-        f"{STRAGGLER_MIN_MS:g} ms over it. top ops: self time, averaged over the group's ranks"
-    )
+    show_occ = any(g.occurrence > 1 for g in summary.groups)
+    rows = _rows(summary)
+    cells = [
+        ("region", [r[0] for r in rows]),
+        ("step", [r[1] for r in rows]),
+        *([("occ", [r[2] for r in rows])] if show_occ else []),
+        ("rank", [r[3] for r in rows]),
+        ("wall ms", [r[4] for r in rows]),
+        ("x median", [r[5].plain for r in rows]),
+    ]
+    used = sum(max(len(h), *(len(line) for c in col for line in c.split("\n"))) for h, col in cells)
+    used += _GAP * len(cells)
+    ops_width = width - used
+    ops_column = ops_width >= _MIN_OPS_WIDTH and any(r[6] for r in rows)
     table = Table(
         title=Text(title) if title else None,
         title_justify="left",
-        caption=Text(caption),
-        caption_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         show_edge=False,
         collapse_padding=True,
     )
-    table.add_column("region", overflow="fold", max_width=24)
-    table.add_column("step", justify="right")
-    table.add_column("rank", justify="right")
+    # Labels and numbers never wrap: a region name is read and searched for whole.
+    table.add_column("region", no_wrap=True)
+    table.add_column("step", justify="right", no_wrap=True)
+    if show_occ:
+        table.add_column("occ", justify="right", no_wrap=True)
+    table.add_column("rank", justify="right", no_wrap=True)
     table.add_column("wall ms", justify="right", no_wrap=True)
     table.add_column("x median", no_wrap=True)
-    table.add_column("top ops (self ms)", overflow="fold", ratio=1)
+    if ops_column:
+        # One operator a line, cut with an ellipsis rather than wrapped onto a line of its own.
+        table.add_column(
+            "top ops (self ms)", no_wrap=True, overflow="ellipsis", max_width=ops_width
+        )
+    for region, step, occ, rank, wall, ratio, ops, end in rows:
+        row = [Text(region), step, *([occ] if show_occ else []), rank, wall, ratio]
+        table.add_row(*row, *([Text(ops)] if ops_column else []), end_section=end)
+    return table, not ops_column and any(g.top_ops for g in summary.groups)
+
+
+def _rows(summary: Summary) -> list[tuple]:
+    """(region, step, occ, rank, wall, ratio, ops, end_section) per rank of every group."""
+    from rich.text import Text
+
+    rows = []
     for number, group in enumerate(summary.groups):
+        mixed_roles = group.fused and len({r.role for r in group.ranks}) > 1
         for row, rank in enumerate(group.ranks):
-            ratio = Text(f"{rank.wall_ms / group.median_ms if group.median_ms > 0 else 1.0:.2f}")
+            median = group.median_ms
+            ratio = Text(f"{rank.wall_ms / median:.2f}" if median > 0 else "1.00")
+            if not math.isfinite(rank.wall_ms / median if median > 0 else 1.0) or len(ratio) > 8:
+                ratio = Text("?")
             is_max = rank.wall_ms == group.max_ms
             ops = _ops_lines(group.top_ops) if row == 0 else []
             if rank.rank == group.straggler and is_max:
@@ -248,20 +369,26 @@ def _table(summary: Summary, title: str | None) -> Table:
                     ops += [f"rank {rank.rank}:"] + _ops_lines(rank.top_ops)
             elif rank.rank == group.slowest and is_max and len(group.ranks) > 1:
                 ratio.append(" slowest")
-            table.add_row(
-                Text(f"{group.role}/{group.stage}") if row == 0 else "",
-                str(group.step) if row == 0 else "",
-                str(rank.rank),
-                f"{rank.wall_ms:.1f}",
-                ratio,
-                Text("\n".join(ops)),
-                end_section=row == len(group.ranks) - 1 and number < len(summary.groups) - 1,
+            region = group.label if row == 0 else ""
+            if mixed_roles:  # which roles this rank's fused trace holds
+                region = "\n".join(filter(None, [region, f"  ran {rank.role}"]))
+            rows.append(
+                (
+                    region,
+                    str(group.step) if row == 0 else "",
+                    str(group.occurrence) if row == 0 else "",
+                    str(rank.rank),
+                    format_ms(rank.wall_ms),
+                    ratio,
+                    "\n".join(ops),
+                    row == len(group.ranks) - 1 and number < len(summary.groups) - 1,
+                )
             )
-    return table
+    return rows
 
 
 def _ops_lines(ops: Sequence[OpTime]) -> list[str]:
-    return [f"{op.self_ms:6.1f} {op.name}" for op in ops]
+    return [f"{format_ms(op.self_ms):>6} {op.name}" for op in ops]
 
 
 def default_title(directory: str | os.PathLike[str], summary: Summary) -> str:

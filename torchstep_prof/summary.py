@@ -1,18 +1,18 @@
-"""The table printed at interpreter exit: the traces this process wrote, its hook runs, and what
-profiling cost. Rows come from :func:`torchstep_prof.record_store`; rendering takes a ``Console`` so
-tests can pass a fixed-width one writing to a buffer."""
+"""The table printed at interpreter exit: the traces this process wrote (one line each), its hook
+runs, and what profiling cost. Rows come from :func:`torchstep_prof.record_store`; rendering
+takes a ``Console`` so tests can pass a fixed-width one writing to a buffer."""
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from .naming import TraceName, format_timestamp, parse_trace_name
 from .record_store import ProfilingRecords, records
 
 if TYPE_CHECKING:  # rich costs ~70 ms to import: only when a summary is printed
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console, Group
 
 __all__ = ["print_summary", "render_summary"]
 
@@ -33,15 +33,63 @@ def _short_path(path: str) -> str:
     return relative if len(relative) < len(path) else path
 
 
+_GAP = 2  # characters between two columns (rich's padding, collapsed)
+
+
+def _file_cells(data: ProfilingRecords, folder: str | None, pid: int) -> tuple[list[str], str]:
+    """The file column's cells and, when they are shortened, the line that says how.
+
+    In one folder, a row's name holds only its role, stage, step, rank (all in other columns),
+    the world size and pid (in the title) and the start time: the time, less the digits every
+    row shares (the date, usually), tells the rows apart.
+    """
+    names: list[TraceName | None] = []
+    for trace in data.traces:
+        try:
+            names.append(parse_trace_name(trace.path) if trace.path else None)
+        except ValueError:
+            names.append(None)
+    written = [(t, n) for t, n in zip(data.traces, names) if t.path]
+    shortened = folder is not None and all(
+        n is not None
+        and n.pid == pid
+        and (n.role, n.stage, n.step, n.rank) == (t.role, t.stage, t.step, t.rank)
+        for t, n in written
+    )
+    if not shortened:
+        cells = [_display(t.path, folder) if t.path else "NOT WRITTEN" for t in data.traces]
+        return cells, ""
+    def tail(name: TraceName) -> str:  # what follows the pid in the name
+        part = f"_part{name.part}" if name.part else ""
+        return f"{format_timestamp(name.timestamp)}{part}{'.json.gz' if name.gzip else '.json'}"
+
+    stamps = [format_timestamp(n.timestamp) for _, n in written if n is not None]
+    common = len(os.path.commonprefix(stamps)) if len(stamps) > 1 else 8
+    cut = min(common, 8)  # keep the time of day (HHMMSS + ms): a reader matches it by eye
+    cells = [
+        "NOT WRITTEN" if name is None else (f"…{tail(name)[cut:]}" if cut else tail(name))
+        for name in names
+    ]
+    world = data.traces[0].world_size if data.traces else 1
+    rank = "<rank>" if len({t.rank for t in data.traces}) > 1 else str(data.traces[0].rank)
+    how = f"file: the end of <role>_<stage>_step<n>_rank{rank}-of-{world}_pid{pid}_<UTC time>.json"
+    return cells, how
+
+
 def _display(path: str, folder: str | None) -> str:
     return os.path.basename(path) if folder is not None else _short_path(path)
 
 
-def render_summary(data: ProfilingRecords) -> Table:
-    """The summary of ``data`` as one rich ``Table`` (traces as rows; hooks, costs and missed
-    steps in its caption)."""
+def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
+    """The summary of ``data``: a title, one table line per trace, then hooks, costs and what
+    needs attention, one line each. ``width`` (the console's) decides whether file names fit
+    as a column or are listed under the table."""
+    from rich import box
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
+    pid = os.getpid()
     rank_label = ""
     if data.traces:
         first = data.traces[0]
@@ -53,30 +101,59 @@ def render_summary(data: ProfilingRecords) -> Table:
     # All in one folder (the usual case): name it once in the title, keep the rows short.
     folder = folders.pop() if len(folders) == 1 else None
     where = f" to {_short_path(folder) or '.'}" if folder is not None else ""
+    title = f"torchstep_prof{rank_label} (pid {pid}): {len(written)} trace(s) written{where}"
+    files, how = _file_cells(data, folder, pid)
+    show_occ = any(t.occurrence > 1 for t in data.traces)
+    columns: list[tuple[str, str, list[str]]] = [
+        ("role", "left", [t.role for t in data.traces]),
+        ("stage", "left", [t.stage for t in data.traces]),
+        ("step", "right", [str(t.step) for t in data.traces]),
+        *([("occ", "right", [str(t.occurrence) for t in data.traces])] if show_occ else []),
+        ("rank", "right", [str(t.rank) for t in data.traces]),
+        ("wall ms", "right", [f"{t.wall_s * 1000:.1f}" for t in data.traces]),
+        ("size", "right", [_size(t.size_bytes) if t.ok else "-" for t in data.traces]),
+        ("file", "left", files),
+    ]
+    widths = [max([len(h), *map(len, cells)]) for h, _, cells in columns]
+
+    def fits(count: int, gap: int) -> bool:
+        return width is None or sum(widths[:count]) + gap * (count - 1) <= width
+
+    # The first layout that fits: two spaces between columns, then one (before rich would cut
+    # a cell), then without the file column (the names then listed under the table).
+    layouts = [(len(columns), 2), (len(columns), 1), (len(columns) - 1, 2)]
+    count, gap = next(((c, g) for c, g in layouts if fits(c, g)), (len(columns) - 1, 1))
+    files_below = count < len(columns)
+    columns = columns[:count]
     table = Table(
-        title=f"torchstep_prof{rank_label} (pid {os.getpid()}): {len(written)} trace(s) written{where}",
-        title_justify="left",
-        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        collapse_padding=True,
         expand=False,
+        padding=(0, 1) if gap == 2 else 0,  # plus the box's one-space column separator
     )
-    table.add_column("role")
-    table.add_column("stage")
-    table.add_column("step", justify="right")
-    table.add_column("rank", justify="right")
-    table.add_column("wall ms", justify="right")
-    table.add_column("size", justify="right")
-    table.add_column("file", overflow="fold")
+    for header, justify, _ in columns:
+        table.add_column(header, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for row in zip(*(cells for _, _, cells in columns)):
+        table.add_row(*(Text(cell) for cell in row))
+    lines: list[str] = []
+    listed: list[Text] = []
+    if files_below:
+        lines.append("files, in the order of the rows:")
+        # A file name is copied whole: longer than the console, it runs past the edge unfolded.
+        listed = [
+            Text(f"  {_display(t.path, folder)}", no_wrap=True, overflow="ignore")
+            for t in data.traces
+            if t.path
+        ]
+    elif how:
+        lines.append(how)
     for trace in data.traces:
-        table.add_row(
-            trace.role,
-            trace.stage,
-            str(trace.step),
-            str(trace.rank),
-            f"{trace.wall_s * 1000:.1f}",
-            _size(trace.size_bytes) if trace.ok else "-",
-            _display(trace.path, folder) if trace.path else f"NOT WRITTEN: {trace.error}",
-        )
-    lines = []
+        if not trace.ok:
+            lines.append(
+                f"NOT WRITTEN: {trace.role}/{trace.stage} step {trace.step}: {trace.error}"
+            )
     for hook in data.hooks:
         code = "-" if hook.exit_code is None else str(hook.exit_code)
         extra = f"; {hook.message}" if hook.message and not hook.ok else ""
@@ -93,20 +170,30 @@ def render_summary(data: ProfilingRecords) -> Table:
     if data.missed_steps:
         lines.append(f"selected but never ran: step(s) {', '.join(map(str, data.missed_steps))}")
     lines.extend(data.attention)
-    table.caption = "\n".join(lines)
-    return table
+    parts: list[Any] = [Text(title)]
+    if data.traces:
+        parts.append(table)
+    if listed:
+        parts.append(Text(lines.pop(0)))
+        parts.extend(listed)
+    parts.extend(Text(line) for line in lines)
+    return Group(*parts)
 
 
 def print_summary(data: ProfilingRecords, console: Console | None = None) -> None:
-    """Print the summary of ``data`` (to stdout unless ``console`` is given)."""
+    """Print the summary of ``data`` (to stdout unless ``console`` is given): one line per
+    trace, no word folded, no trailing spaces."""
     from rich.console import Console
+
+    from ._plain_console import print_stripped
 
     if console is None:
         # Piped to a log: no colour codes (rich's default), and wide enough not to fold file
         # names (COLUMNS when set, else 160) rather than rich's 80.
         width = None if sys.stdout.isatty() else _log_width()
         console = Console(file=sys.stdout, width=width)
-    console.print(render_summary(data))
+    # crop=False: a file name listed under the table is never cut at the console's edge.
+    print_stripped(console, render_summary(data, console.width), crop=False)
 
 
 _LOG_WIDTH = 160  # a log line may be long; a folded file name is hard to copy

@@ -1,22 +1,24 @@
 """Reading trace files back: load one, describe it, scan a folder of them.
 
 A torchstep_prof trace is a torch.profiler Chrome trace whose top level also carries a
-``torchstep_prof`` object (role, stage, step, rank, world_size, discrete) and ``distributedInfo``.
-Older or renamed files fall back to the file name (:func:`~torchstep_prof.naming.parse_trace_name`)
-and then to ``distributedInfo`` for the rank. Scanning reads one file at a time, so memory stays
-bounded by the largest file, and reports files it cannot use instead of raising.
+``torchstep_prof`` object (role, stage, step, occurrence, rank, world_size, pid, discrete) and
+``distributedInfo``. Older or renamed files fall back to the file name
+(:func:`~torchstep_prof.naming.parse_trace_name`) and then to ``distributedInfo`` for the rank; a
+trace without an ``occurrence`` is occurrence 1. Scanning reads one file at a time, so memory stays
+bounded by the largest file, and reports files it cannot use, whatever the parser raised, instead
+of raising.
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 import os
-import zlib
 from typing import Any, Callable, Iterable, Optional, Tuple
 
 import attrs
 
-from ._events import OpTime, iter_events, region_time, top_ops
+from ._events import OpTime, iter_events, region_roles, region_time, top_ops
 from ._json import loads
 from .errors import TorchstepProfError
 from .naming import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
@@ -40,6 +42,9 @@ __all__ = [
 METADATA_KEY = "torchstep_prof"
 """The top-level key of a trace holding torchstep_prof's own description of it."""
 
+FUSED_STAGE = "train"
+"""The stage of every fused trace (one trace per step, holding all of its regions)."""
+
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -51,10 +56,15 @@ class TraceReadError(TorchstepProfError):
 class TraceInfo:
     """What one trace file is: who wrote it, for which region and step, and how long it took.
 
-    ``role`` and ``stage`` are the sanitized labels of file names. ``wall_ms`` is the duration of
-    the trace's ``ProfilerStep#<n>`` range (the owning block), or the span of its events when it
-    has none. ``start_ns`` is that range's start in epoch nanoseconds when the trace has a base
-    time. ``top_ops`` is filled only when asked for (``scan_traces(..., top=n)``).
+    ``role`` and ``stage`` are the sanitized labels of file names. ``occurrence`` is the k-th
+    entry of the region in its step (1 unless the region ran several times in the step, as with
+    gradient accumulation). ``pid`` is the writing process (None when neither the metadata nor
+    the name says). ``fused`` marks a trace of a whole step (``discrete: false``); its ``roles``
+    are the roles of the regions it holds (for a discrete trace, its own role). ``wall_ms`` is
+    the duration of the trace's ``ProfilerStep#<n>`` range (the owning block), or the span of its
+    events when it has none; always finite and >= 0. ``start_ns`` is that range's start in epoch
+    nanoseconds when the trace has a base time. ``top_ops`` is filled only when asked for
+    (``scan_traces(..., top=n)``).
     """
 
     path: str
@@ -66,6 +76,10 @@ class TraceInfo:
     wall_ms: float
     base_time_ns: Optional[int]
     size_bytes: int
+    occurrence: int = 1
+    pid: Optional[int] = None
+    fused: bool = False
+    roles: Tuple[str, ...] = ()
     start_ns: Optional[int] = None
     has_distributed_info: bool = True
     top_ops: Tuple[OpTime, ...] = ()
@@ -98,14 +112,27 @@ class TraceFilter:
     stages: Tuple[str, ...] = attrs.field(default=(), converter=_labels("stage"))
     steps: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
     ranks: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    pids: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
 
     def matches(self, trace: TraceInfo | TraceName) -> bool:
-        """Whether ``trace`` (a scanned trace or a parsed file name) passes every field."""
+        """Whether ``trace`` (a scanned trace or a parsed file name) passes every field.
+
+        A fused trace passes a role it holds (``--role trainer`` keeps ``eval-trainer_train``).
+        A file name alone cannot tell which roles a fused name joins, so a name of stage
+        ``train`` passes any role filter (the file's contents then decide).
+        """
+        if isinstance(trace, TraceInfo):
+            roles = {trace.role, *trace.roles} if trace.fused else {trace.role}
+            pid = trace.pid
+        else:
+            roles = {trace.role} if trace.stage != FUSED_STAGE else set(self.roles)
+            pid = trace.pid
         return (
-            (not self.roles or trace.role in self.roles)
+            (not self.roles or not roles.isdisjoint(self.roles))
             and (not self.stages or trace.stage in self.stages)
             and (not self.steps or trace.step in self.steps)
             and (not self.ranks or trace.rank in self.ranks)
+            and (not self.pids or pid in self.pids)
         )
 
 
@@ -113,7 +140,8 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The parsed JSON object of a ``.json`` or gzipped trace file.
 
     Uses orjson when it is installed. Raises :class:`TraceReadError` naming the file when it
-    cannot be read, is not (gzipped) JSON, or is not a JSON object.
+    cannot be read, is not (gzipped) JSON, or is not a JSON object -- whatever the reader raised
+    (a gzip or zlib error, ``RecursionError`` from deeply nested JSON, ``MemoryError``...).
     """
     path = os.fspath(path)
     try:
@@ -121,12 +149,14 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
             data = handle.read()
         if data[:2] == _GZIP_MAGIC:
             data = gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
-        raise TraceReadError(f"{path}: cannot read ({exc})") from exc
+    except Exception as exc:  # OSError, EOFError, zlib.error, MemoryError...: all one to a reader
+        raise TraceReadError(f"{path}: cannot read ({_describe(exc)})") from exc
     try:
         trace = loads(data)
-    except ValueError as exc:  # json.JSONDecodeError, orjson.JSONDecodeError, UnicodeDecodeError
-        raise TraceReadError(f"{path}: not valid JSON ({exc})") from exc
+    except Exception as exc:  # JSONDecodeError, UnicodeDecodeError, RecursionError, MemoryError
+        raise TraceReadError(f"{path}: not valid JSON ({_describe(exc)})") from exc
+    finally:
+        del data
     if not isinstance(trace, dict):
         raise TraceReadError(f"{path}: not a Chrome trace (top level is not a JSON object)")
     return trace
@@ -144,17 +174,30 @@ def read_trace_info(
     path = os.fspath(path)
     if trace is None:
         trace = load_trace(path)
+    try:
+        return _describe_trace(path, trace, top)
+    except TraceReadError:
+        raise
+    except Exception as exc:  # odd contents the description did not foresee: still one file
+        raise TraceReadError(f"{path}: cannot describe ({_describe(exc)})") from exc
+
+
+def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
     events = trace.get("traceEvents")
     if not isinstance(events, list):
         raise TraceReadError(f"{path}: not a Chrome trace (no traceEvents list)")
     fields = _identity(path, trace)
-    base = trace.get("baseTimeNanoseconds")
-    base_ns = int(base) if isinstance(base, (int, float)) and not isinstance(base, bool) else None
+    base = _finite(trace.get("baseTimeNanoseconds"))
+    base_ns = int(base) if base is not None else None
     wall_ms, start_us = region_time(events, fields["step"])
     dist = trace.get("distributedInfo")
+    roles = (fields["role"],)
+    if fields["fused"]:
+        roles = _unique(_label(role) for role in region_roles(events)) or roles
     return TraceInfo(
         path=path,
         **fields,
+        roles=roles,
         wall_ms=wall_ms,
         base_time_ns=base_ns,
         size_bytes=_size(path),
@@ -162,6 +205,27 @@ def read_trace_info(
         has_distributed_info=isinstance(dist, dict) and _int(dist.get("rank")) is not None,
         top_ops=top_ops(trace, top) if top > 0 else (),
     )
+
+
+def _unique(values: Iterable[str | None]) -> Tuple[str, ...]:
+    return tuple(dict.fromkeys(v for v in values if v))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    if len(text) > 200:  # a decoder may quote the input: keep one line short
+        text = text[:200] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _finite(value: Any) -> float | None:
+    """A JSON number that makes sense as a time (finite); None otherwise."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value) if math.isfinite(value) else None
+        except OverflowError:  # an integer past a float's range
+            return None
+    return None
 
 
 def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
@@ -192,6 +256,7 @@ def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
         "step": pick("step", name and name.step),
         "rank": pick("rank", name and name.rank, "rank"),
         "world_size": pick("world_size", name and name.world_size, "world_size"),
+        "pid": pick("pid", name and name.pid),
     }
     missing = [key for key in ("role", "stage", "step") if fields[key] is None]
     if missing:
@@ -203,6 +268,11 @@ def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
         fields["rank"] = 0
     if fields["world_size"] is None:
         fields["world_size"] = 1
+    occurrence = _int(meta.get("occurrence"))
+    fields["occurrence"] = occurrence if occurrence is not None and occurrence >= 1 else 1
+    discrete = meta.get("discrete")
+    # Older fused traces may lack the flag: every fused trace is stage "train".
+    fields["fused"] = discrete is False or (discrete is None and fields["stage"] == FUSED_STAGE)
     return fields
 
 
@@ -268,6 +338,8 @@ def scan_traces(
                 info = read_trace_info(path, top=top)
             except TraceReadError as exc:
                 unreadable.append(Unreadable(path=path, reason=_reason(exc, path)))
+            except Exception as exc:  # never the end of a scan: the file is named and skipped
+                unreadable.append(Unreadable(path=path, reason=_describe(exc)))
             else:
                 if filters.matches(info):
                     infos.append(info)
@@ -289,9 +361,9 @@ def _reason(exc: Exception, path: str) -> str:
     return text[len(path) + 2 :] if text.startswith(f"{path}: ") else text
 
 
-def trace_sort_key(info: TraceInfo) -> tuple[str, str, int, int, str]:
-    """Sort order of listings: role, stage, step, rank, then path."""
-    return (info.role, info.stage, info.step, info.rank, info.path)
+def trace_sort_key(info: TraceInfo) -> tuple[str, str, int, int, int, str]:
+    """Sort order of listings: role, stage, step, occurrence, rank, then path."""
+    return (info.role, info.stage, info.step, info.occurrence, info.rank, info.path)
 
 
 def started_at(info: TraceInfo) -> float:

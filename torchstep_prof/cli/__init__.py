@@ -21,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="torchstep-prof",
         description="Inspect torchstep_prof configs and trace folders; profile a script with `run`.",
     )
+    from .. import __version__  # the package's __init__ imports no torch: names load lazily
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _SUBCOMMAND_MODULES:
         try:

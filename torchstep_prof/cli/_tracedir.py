@@ -6,9 +6,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from typing import Callable, Iterator, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TextIO
 
 from ..tracefiles import TraceFilter, TraceInfo, Unreadable, find_trace_files, scan_traces
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..runs import OtherRun
 
 PROG = "torchstep-prof"
 
@@ -29,17 +34,31 @@ def add_folder_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--role``, ``--stage``, ``--step``, ``--rank``; each may be given several times."""
+    """``--role``, ``--stage``, ``--step``, ``--rank``, ``--pid``; each may be repeated."""
     group = parser.add_argument_group("filters (each may be repeated; a trace passes any value)")
     group.add_argument("--role", action="append", default=[], metavar="ROLE")
     group.add_argument("--stage", action="append", default=[], metavar="STAGE")
     group.add_argument("--step", action="append", default=[], type=int, metavar="N")
     group.add_argument("--rank", action="append", default=[], type=int, metavar="R")
+    add_pid_argument(group)
+
+
+def add_pid_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument(
+        "--pid",
+        action="append",
+        default=[],
+        type=int,
+        metavar="P",
+        help="the run (process id) to read; default: the newest run of each rank",
+    )
 
 
 def filters_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> TraceFilter:
     try:
-        return TraceFilter(roles=args.role, stages=args.stage, steps=args.step, ranks=args.rank)
+        return TraceFilter(
+            roles=args.role, stages=args.stage, steps=args.step, ranks=args.rank, pids=args.pid
+        )
     except ValueError as exc:
         parser.error(str(exc))
         raise  # parser.error exits; this keeps type checkers informed
@@ -82,9 +101,22 @@ def report_unreadable(unreadable: Sequence[Unreadable], stream: TextIO | None = 
         print(f"skipped {item.path}: {item.reason}", file=stream)
 
 
-def usable_traces(args: argparse.Namespace, filters: TraceFilter) -> list[TraceInfo] | int:
-    """The traces of ``args.directory`` that pass ``filters``, skipped files reported; the exit
-    code instead when the folder cannot be read or nothing usable is in it."""
+def newest_runs(infos: Sequence[TraceInfo]) -> tuple[list[TraceInfo], tuple[OtherRun, ...]]:
+    """The newest run of each rank (see :mod:`torchstep_prof.runs`), the others warned about."""
+    from ..runs import choose_runs, describe_other_runs
+
+    choice = choose_runs(infos)
+    for line in describe_other_runs(choice.other_runs):
+        print(line, file=sys.stderr)
+    return list(choice.traces), choice.other_runs
+
+
+def usable_traces(
+    args: argparse.Namespace, filters: TraceFilter, *, one_run: bool = True
+) -> list[TraceInfo] | int:
+    """The traces of ``args.directory`` that pass ``filters`` (the newest run of each rank
+    unless ``one_run`` is False), skipped files reported; the exit code instead when the folder
+    cannot be read or nothing usable is in it."""
     scanned = scan_folder(args, filters)
     if isinstance(scanned, int):
         return scanned
@@ -92,6 +124,8 @@ def usable_traces(args: argparse.Namespace, filters: TraceFilter) -> list[TraceI
     report_unreadable(unreadable)
     if not infos:
         return nothing_found(args, filters, unreadable)
+    if one_run:
+        infos, _ = newest_runs(infos)
     return infos
 
 
@@ -103,3 +137,12 @@ def nothing_found(args: argparse.Namespace, filters: TraceFilter, unreadable: Se
     extra = f" ({len(unreadable)} file(s) skipped)" if unreadable else ""
     error(f"{what} in {args.directory}{extra}")
     return EXIT_NO_TRACE
+
+
+
+def output_console() -> Console:
+    """The console tables go to: the terminal's width, else ``COLUMNS``, else 80 (rich's
+    rules); no colour codes unless stdout is a terminal."""
+    from rich.console import Console
+
+    return Console(file=sys.stdout)

@@ -1,5 +1,10 @@
-"""``torchstep-prof hta DIR --role R --stage S --step N -o OUT``: the folder layout
-HolisticTraceAnalysis reads, one trace per rank.
+"""``torchstep-prof hta DIR --role R --stage S --step N [--occurrence K] -o OUT``: the folder
+layout HolisticTraceAnalysis reads, one trace per rank.
+
+Occurrence K (default 1) of the region is taken; other occurrences are named as left out, never
+linked as if they were ranks. Fused traces of the step are found by any role they hold
+(``--role trainer --stage train`` finds rank 0's ``eval-trainer`` trace too). Of several runs in
+the folder, the newest of each rank is used unless ``--pid`` chooses.
 
 HTA lists the ``.json`` / ``.gz`` files at the top of a folder and takes each file's rank from the
 first ``"rank": <n>`` it finds in the text (``distributedInfo``), silently keeping one file per
@@ -35,6 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--role", required=True)
     parser.add_argument("--stage", required=True)
     parser.add_argument("--step", required=True, type=int, metavar="N")
+    parser.add_argument(
+        "--occurrence",
+        type=int,
+        default=1,
+        metavar="K",
+        help="the region's K-th entry in the step (default 1; >= 2 with gradient accumulation)",
+    )
+    _tracedir.add_pid_argument(parser)
     parser.add_argument("-o", "--output", required=True, metavar="OUT", help="folder to fill")
     parser.add_argument("--copy", action="store_true", help="copy the files instead of linking")
     parser.add_argument(
@@ -48,13 +61,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..tracefiles import TraceFilter, started_at
 
+    if args.occurrence < 1:
+        parser.error(f"--occurrence must be >= 1 (got {args.occurrence})")
     try:
-        filters = TraceFilter(roles=[args.role], stages=[args.stage], steps=[args.step])
+        filters = TraceFilter(
+            roles=[args.role], stages=[args.stage], steps=[args.step], pids=args.pid
+        )
     except ValueError as exc:
         parser.error(str(exc))
     infos = _tracedir.usable_traces(args, filters)
     if isinstance(infos, int):
         return infos
+    left_out = sorted({(i.occurrence, i.rank) for i in infos if i.occurrence != args.occurrence})
+    infos = [i for i in infos if i.occurrence == args.occurrence]
+    if left_out:
+        occurrences = sorted({occ for occ, _ in left_out})
+        print(
+            f"left out occurrence(s) {', '.join(map(str, occurrences))} of "
+            f"{args.role}/{args.stage} step {args.step} (ranks "
+            f"{', '.join(map(str, sorted({rank for _, rank in left_out})))}); "
+            f"linking occurrence {args.occurrence} (--occurrence K chooses)"
+        )
+    if not infos:
+        _tracedir.error(
+            f"no trace of occurrence {args.occurrence} of {args.role}/{args.stage} "
+            f"step {args.step} in {args.directory}"
+        )
+        return _tracedir.EXIT_NO_TRACE
 
     by_rank: dict[int, list[TraceInfo]] = {}
     for info in infos:
@@ -85,9 +118,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     world = max(info.world_size for info in chosen.values())
     missing = sorted(set(range(world)) - set(chosen))
     if missing:
+        occurrence = f" #{args.occurrence}" if args.occurrence > 1 else ""
         _tracedir.error(
             f"warning: no trace for rank(s) {', '.join(map(str, missing))} of {world} "
-            f"({args.role}/{args.stage} step {args.step})"
+            f"({args.role}/{args.stage} step {args.step}{occurrence})"
         )
     return _tracedir.EXIT_OK
 

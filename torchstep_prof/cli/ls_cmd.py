@@ -1,5 +1,6 @@
-"""``torchstep-prof ls DIR``: one line per trace with its fields, sorted by role, stage, step
-and rank."""
+"""``torchstep-prof ls DIR``: one line per trace with its fields, sorted by role, stage, step,
+occurrence and rank. Every run in the folder is listed (the pid column tells them apart);
+``--pid`` filters."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from typing import Sequence
 
 from . import _tracedir
 
-HELP = "one line per trace in DIR: role, stage, step, rank, world size, wall time, size, path"
+HELP = (
+    "one line per trace in DIR: role, stage, step, occurrence, rank, world size, pid, "
+    "wall time, size, path"
+)
 
-_COLUMNS = ("role", "stage", "step", "rank", "world", "wall_ms", "size", "path")
+_COLUMNS = ("role", "stage", "step", "occ", "rank", "world", "pid", "wall_ms", "size", "path")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    infos = _tracedir.usable_traces(args, _tracedir.filters_from_args(parser, args))
+    infos = _tracedir.usable_traces(args, _tracedir.filters_from_args(parser, args), one_run=False)
     if isinstance(infos, int):
         return infos
     rows = [
@@ -34,8 +38,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "role": i.role,
             "stage": i.stage,
             "step": i.step,
+            "occurrence": i.occurrence,
             "rank": i.rank,
             "world": i.world_size,
+            "pid": i.pid,
             "wall_ms": round(i.wall_ms, 3),
             "size": i.size_bytes,
             "path": i.path,
@@ -51,21 +57,25 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _print_columns(rows: Sequence[dict]) -> None:
+    from ..summarize import format_ms
+
     cells = [list(_COLUMNS)] + [
         [
             row["role"],
             row["stage"],
             str(row["step"]),
+            str(row["occurrence"]),
             str(row["rank"]),
             str(row["world"]),
-            f"{row['wall_ms']:.1f}",
+            "-" if row["pid"] is None else str(row["pid"]),
+            format_ms(row["wall_ms"]),
             _size_text(row["size"]),
             row["path"],
         ]
         for row in rows
     ]
     widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS) - 1)]
-    right = {2, 3, 4, 5, 6}  # numbers
+    right = {2, 3, 4, 5, 6, 7, 8}  # numbers
     for line in cells:
         padded = [
             cell.rjust(width) if i in right else cell.ljust(width)

@@ -52,8 +52,6 @@ def _ratio(text: str) -> float:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from ..summarize import default_title, render_summary, summarize, summary_to_dict
 
     filters = _tracedir.filters_from_args(parser, args)
@@ -61,14 +59,21 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if isinstance(scanned, int):
         return scanned
     infos, unreadable = scanned
-    summary = summarize(infos, unreadable, straggler_ratio=args.straggler_ratio, top=args.top)
+    infos, other_runs = _tracedir.newest_runs(infos)
+    summary = summarize(
+        infos,
+        unreadable,
+        straggler_ratio=args.straggler_ratio,
+        top=args.top,
+        other_runs=other_runs,
+    )
     if args.json:
         json.dump(summary_to_dict(summary), sys.stdout, indent=2)
         sys.stdout.write("\n")
         _tracedir.report_unreadable(unreadable)
     else:
-        console = Console()
-        render_summary(summary, console, title=default_title(args.directory, summary))
+        title = default_title(args.directory, summary)
+        render_summary(summary, _tracedir.output_console(), title=title)
     if not infos:
         return _tracedir.nothing_found(args, filters, unreadable)
     return _tracedir.EXIT_OK

@@ -1,0 +1,120 @@
+"""Issue 10 item 7: any file the parser cannot handle is named and skipped by every trace
+command, and absurd values (a ts of 1e300, negative durations, NaN) do not wreck the tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trace_factory import write_absurd, write_bad_files, write_ranks
+
+REPO = Path(__file__).resolve().parents[1]
+WIDTH = 80
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("robust")
+    written = write_ranks(root, world_size=2, steps=(1,))
+    bad = write_bad_files(root, written[0].path)
+    absurd = {
+        "huge_ts": write_absurd(root, written[0].path, ts=1e300),
+        "negative_dur": write_absurd(root, written[0].path, dur=-5),
+        "nan": write_absurd(root, written[0].path, dur=float("nan"), ts=float("nan")),
+    }
+    return {"root": root, "written": written, "bad": bad, "absurd": absurd}
+
+
+def _cli(*argv: object, columns: int = WIDTH) -> subprocess.CompletedProcess[str]:
+    """The command in a subprocess whose stdout is a pipe (a log), as users run it."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS=str(columns))
+    return subprocess.run(
+        [sys.executable, "-m", "torchstep_prof", *map(str, argv)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _assert_bad_named(folder: dict, text: str) -> None:
+    for kind, path in folder["bad"].items():
+        assert f"skipped {path}" in text or f"{path}:" in text, kind
+
+
+def test_summarize_names_and_skips_every_bad_file(folder: dict) -> None:
+    result = _cli("summarize", folder["root"], "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert sorted(doc["unreadable"]) == sorted(str(p) for p in folder["bad"].values())
+    _assert_bad_named(folder, result.stderr)
+    assert "RecursionError" in result.stderr  # the deep file's reason says what happened
+    walls = [r["wall_ms"] for g in doc["groups"] for r in g["ranks"]]
+    assert all(0 <= w < 1e14 for w in walls), walls  # finite, never 1e297 or NaN
+
+
+@pytest.mark.parametrize("command", ["ls", "summarize"])
+def test_tables_stay_within_80_columns_with_absurd_values(folder: dict, command: str) -> None:
+    result = _cli(command, folder["root"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    absurd_stages = [f"absurd-{kind}" for kind in ("ts", "dur", "dur-ts")]
+    assert all(any(stage in line for line in lines) for stage in absurd_stages), result.stdout
+    if command == "summarize":  # ls and the skipped list print whole paths, never folded
+        table = result.stdout.split("Skipped")[0].splitlines()
+        assert max(map(len, table)) <= WIDTH, result.stdout
+    assert not [line for line in lines if line != line.rstrip()]
+    assert "nan" not in result.stdout.lower()
+
+
+def test_merge_and_hta_skip_the_bad_files(folder: dict, tmp_path: Path) -> None:
+    merged = _cli("merge", folder["root"], "-o", tmp_path / "m.json")
+    assert merged.returncode == 0, merged.stderr
+    _assert_bad_named(folder, merged.stderr)
+    def no_constant(name: str) -> None:
+        raise AssertionError(f"{name} in the merged trace: not strict JSON")
+
+    doc = json.loads((tmp_path / "m.json").read_text(), parse_constant=no_constant)
+    tracks = [i["track"] for i in doc["torchstep_prof_merge"]["inputs"]]
+    assert "actor/update rank 0 step 1" in tracks and "actor/update rank 1 step 1" in tracks
+    hta = _cli(
+        "hta", folder["root"], "--role", "actor", "--stage", "update", "--step", 1,
+        "-o", tmp_path / "hta",
+    )
+    assert hta.returncode == 0, hta.stderr
+    _assert_bad_named(folder, hta.stderr)
+    assert len(list((tmp_path / "hta").iterdir())) == 2
+
+
+def test_only_bad_files_exit_1_naming_each(folder: dict, tmp_path: Path) -> None:
+    bad_only = tmp_path / "bad"
+    write_bad_files(bad_only, folder["written"][0].path)
+    for command in ("ls", "summarize"):
+        result = _cli(command, bad_only)
+        assert result.returncode == 1, (command, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert "7 file(s) skipped" in result.stderr
+
+
+def test_no_trace_command_imports_torch(folder: dict, tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from torchstep_prof.cli import main\n"
+        f"root = {str(folder['root'])!r}\n"
+        "for argv in (['ls', root], ['summarize', root, '--json'],\n"
+        f"             ['merge', root, '-o', {str(tmp_path / 'm.json')!r}],\n"
+        "             ['hta', root, '--role', 'actor', '--stage', 'update', '--step', '1',\n"
+        f"              '-o', {str(tmp_path / 'hta')!r}]):\n"
+        "    assert main(argv) == 0, argv\n"
+        "print('torch' in sys.modules)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "False"
