@@ -59,12 +59,14 @@ def write_trace(
     distributed_info: bool = True,
     file_name: str | None = None,
     discrete: bool = True,
+    mm_s: float = 0.0,
 ) -> WrittenTrace:
     """Record and export one trace into ``directory``; returns where and when.
 
     ``metadata=False`` leaves out the ``torchstep_prof`` key (an older file: only its name
     describes it), ``distributed_info=False`` leaves out ``distributedInfo``; ``file_name``
-    replaces the built name.
+    replaces the built name. ``mm_s`` adds that many seconds of ``aten::mm`` calls (a rank slow
+    in an operator, where ``sleep_s`` is time outside operators).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -78,6 +80,8 @@ def write_trace(
             with _region_range(f"{role}/{stage}"):
                 y = torch.relu(x @ x).sum()
                 time.sleep(sleep_s)
+                if mm_s > 0:
+                    _busy_mm(mm_s)
                 (x + y).mul_(0.5)
         labels = {"role": sanitize_label(role), "stage": sanitize_label(stage)}
         if metadata:
@@ -117,6 +121,13 @@ def write_trace(
         sleep_s=sleep_s,
         started_ns=started_ns,
     )
+
+
+def _busy_mm(seconds: float) -> None:
+    big = torch.randn(256, 256)
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        torch.mm(big, big)
 
 
 def write_ranks(
