@@ -74,9 +74,12 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if isinstance(scanned, int):
         return scanned
     infos, unreadable = scanned
-    if args.pid:
-        infos = [info for info in infos if pid_of(info) in args.pid]
     _tracedir.report_unreadable(unreadable)
+    if args.pid and infos:
+        infos = [info for info in infos if pid_of(info) in args.pid]
+        if not infos:
+            _tracedir.error(f"no usable trace matching the filters in {args.directory}")
+            return _tracedir.EXIT_NO_TRACE
     if not infos:
         return _tracedir.nothing_found(args, filters, unreadable)
     report = build_report(
