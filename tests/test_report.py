@@ -261,3 +261,16 @@ def test_report_of_real_example_traces_draws_every_chart(example_dir, tmp_path):
     text = page.read_text()
     assert "Step 2</h2>" in text and "Step 3</h2>" in text
     assert "critic/update step 3" in text and "aten::" in text
+
+
+def test_report_does_not_import_torch(straggler_dir, tmp_path):
+    check = (
+        "import sys\n"
+        "from torchstep_prof.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "print('torch imported' if 'torch' in sys.modules else 'no torch')\n"
+        "sys.exit(code)\n"
+    )
+    done = cli("report", str(straggler_dir), "-o", str(tmp_path / "r.html"), code=check)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("no torch")
