@@ -364,7 +364,7 @@ h1 { margin: 18px 0 6px; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 4
 h3 { margin: 0 0 4px; font-size: 15px; }
 header, #findings { background: #fff; border: 1px solid #ddd; border-radius: 6px;
                     padding: 8px 16px; margin: 12px 0; }
-#findings li { margin: 4px 0; font-size: 15px; } #findings a { color: #b00; }
+#findings li { margin: 4px 0; font-size: 15px; } #findings a { color: #a00; text-decoration: none; } #findings a:hover { text-decoration: underline; }
 .meta { color: #666; font-size: 13px; margin: 2px 0 6px; }
 .grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 12px; }
 .card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 8px 10px; }

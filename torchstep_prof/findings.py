@@ -237,10 +237,7 @@ def describe_finding(finding: Finding) -> str:
     if explaining:
         parts = [f"{op.name} (+{_ms(op.delta_ms)})" for op in explaining]
         return f"{text}, mostly in {', '.join(parts)}"
-    return (
-        f"{text}; no operator accounts for it (compared with rank {finding.median_rank}: the time "
-        "is outside operators, e.g. Python, waiting, I/O or sleep)"
-    )
+    return f"{text}; no operator accounts for it: the extra time is outside operators (Python, waiting, I/O)"
 
 
 def _ms(value: float) -> str:
