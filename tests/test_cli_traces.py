@@ -141,7 +141,7 @@ def test_python_dash_m_exit_code(tmp_path: Path) -> None:
         timeout=120,
     )
     assert empty.returncode == 1, empty.stderr
-    assert json.loads(empty.stdout) == {"groups": [], "unreadable": []}
+    assert json.loads(empty.stdout) == {"groups": [], "findings": [], "unreadable": []}
     assert "no usable trace" in empty.stderr
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from browser import colored_pixels, probe_page, screenshot
-from trace_factory import write_not_json, write_trace, write_truncated
+from trace_factory import assert_summary_shape, write_not_json, write_trace, write_truncated
 
 plotly = pytest.importorskip("plotly", reason="plotly is not installed (the [report] extra)")
 
@@ -91,6 +91,7 @@ def test_summarize_json_findings_name_the_slow_rank_and_operator(straggler_dir):
     done = cli("summarize", str(straggler_dir), "--json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
+    assert_summary_shape(doc)
     found = [f for f in doc["findings"] if (f["role"], f["stage"], f["step"]) == ("actor", "update", SLOW_STEP)]
     assert len(found) == 1, doc["findings"]
     finding = found[0]

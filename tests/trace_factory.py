@@ -209,6 +209,16 @@ def assert_summary_shape(doc: Any) -> None:
             assert isinstance(rank["top_ops"], list)
             for op in rank["top_ops"]:
                 assert isinstance(op["name"], str) and _is_number(op["self_ms"])
+    # summarize --json adds findings to summary_to_dict's shape.
+    assert isinstance(doc.get("findings", []), list)
+    for finding in doc.get("findings", []):
+        assert isinstance(finding["role"], str) and isinstance(finding["stage"], str)
+        assert all(_is_int(finding[key]) for key in ("step", "occurrence", "rank"))
+        assert _is_number(finding["wall_ms"]) and _is_number(finding["median_ms"])
+        assert finding["ratio"] is None or _is_number(finding["ratio"])
+        for op in finding["ops"]:
+            assert isinstance(op["name"], str)
+            assert all(_is_number(op[key]) for key in ("self_ms", "median_self_ms", "delta_ms"))
 
 
 def _is_int(value: Any) -> bool:
