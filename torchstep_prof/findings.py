@@ -123,7 +123,9 @@ def find_findings(summary: Summary, *, ops: int = FINDING_OPS) -> Tuple[Finding,
 
     >>> from torchstep_prof.tracefiles import scan_traces
     >>> from torchstep_prof.summarize import summarize
-    >>> found = find_findings(summarize(*scan_traces("outputs/profile", top=FINDINGS_DEPTH)))  # doctest: +SKIP
+    >>> scanned = scan_traces("outputs/profile", top=FINDINGS_DEPTH)  # doctest: +SKIP
+    >>> for finding in find_findings(summarize(*scanned)):  # doctest: +SKIP
+    ...     print(describe_finding(finding))
     """
     found = [_finding(view, ops) for view in map(_view, summary.groups)]
     return tuple(
@@ -211,7 +213,9 @@ def _round(value: float) -> float:
 def explaining_ops(finding: Finding) -> Tuple[OpDelta, ...]:
     """The operators whose extra self time accounts for a real share of the straggler's gap."""
     gap = finding.wall_ms - finding.median_ms
-    return tuple(op for op in finding.ops if op.delta_ms > 0 and op.delta_ms >= EXPLAINS_SHARE * gap)
+    return tuple(
+        op for op in finding.ops if op.delta_ms > 0 and op.delta_ms >= EXPLAINS_SHARE * gap
+    )
 
 
 def describe_finding(finding: Finding) -> str:
@@ -220,7 +224,8 @@ def describe_finding(finding: Finding) -> str:
     >>> print(describe_finding(Finding(role="actor", stage="update", step=3, occurrence=1,
     ...     rank=2, median_rank=0, wall_ms=52.0, median_ms=37.0,
     ...     ops=(OpDelta(name="aten::mm", self_ms=20.0, median_self_ms=8.0),))))
-    rank 2's actor/update step 3 is 1.4x slower than the median (52 ms vs 37 ms), mostly in aten::mm (+12 ms)
+    rank 2's actor/update step 3 is 1.4x slower than the median (52 ms vs 37 ms),
+    mostly in aten::mm (+12 ms)
     """
     step = f"step {finding.step}"
     if finding.occurrence != 1:
@@ -237,7 +242,10 @@ def describe_finding(finding: Finding) -> str:
     if explaining:
         parts = [f"{op.name} (+{_ms(op.delta_ms)})" for op in explaining]
         return f"{text}, mostly in {', '.join(parts)}"
-    return f"{text}; no operator accounts for it: the extra time is outside operators (Python, waiting, I/O)"
+    return (
+        f"{text}; no operator accounts for it: the extra time is outside operators "
+        "(Python, waiting, I/O)"
+    )
 
 
 def _ms(value: float) -> str:

@@ -85,7 +85,8 @@ def build_report(
     compare ranks over deep operator lists).
 
     >>> from torchstep_prof.tracefiles import scan_traces
-    >>> report = build_report("outputs/profile", *scan_traces("outputs/profile", top=50))  # doctest: +SKIP
+    >>> scanned = scan_traces("outputs/profile", top=FINDINGS_DEPTH)  # doctest: +SKIP
+    >>> report = build_report("outputs/profile", *scanned)  # doctest: +SKIP
     """
     unreadable = tuple(unreadable)
     deep = summarize(infos, unreadable, straggler_ratio=straggler_ratio, top=FINDINGS_DEPTH)
