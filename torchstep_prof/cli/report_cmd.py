@@ -21,7 +21,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _tracedir.add_filter_arguments(parser)
     if "--pid" not in parser._option_string_actions:
         # Until the shared filters have --pid: the same option, applied after scanning here.
-        parser.add_argument("--pid", action="append", default=[], type=int, metavar="PID")
+        filters = next(
+            (g for g in parser._action_groups if (g.title or "").startswith("filters")), parser
+        )
+        filters.add_argument("--pid", action="append", default=[], type=int, metavar="PID")
     parser.add_argument(
         "-o",
         "--output",
