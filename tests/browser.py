@@ -35,8 +35,14 @@ window.addEventListener("unhandledrejection", function (e) {
   };
 })();
 window.addEventListener("load", function () {
-  var total = window.tspDrawAll ? window.tspDrawAll() : -1;
   setTimeout(function () {
+    // What the page drew by itself (the charts in or near the window), then everything.
+    window.__tspDrawnAtLoad = window.tspDrawn;
+    window.__tspTotal = window.tspDrawAll ? window.tspDrawAll() : -1;
+    setTimeout(collect, 300);
+  }, 300);
+});
+function collect() {
     var charts = Array.prototype.map.call(document.querySelectorAll("div.chart"), function (div) {
       var r = div.getBoundingClientRect();
       var bars = Array.prototype.filter.call(div.querySelectorAll("g.point path"), function (p) {
@@ -52,11 +58,11 @@ window.addEventListener("load", function () {
     });
     var pre = document.createElement("pre");
     pre.id = "tsp-probe";
-    pre.textContent = JSON.stringify({errors: window.__tspErrors, total: total,
+    pre.textContent = JSON.stringify({errors: window.__tspErrors, total: window.__tspTotal,
+                                      drawn_at_load: window.__tspDrawnAtLoad,
                                       drawn: window.tspDrawn, charts: charts});
     document.body.appendChild(pre);
-  }, 300);
-});
+}
 """
 
 
@@ -70,7 +76,9 @@ def chromium() -> str:
     raise AssertionError  # unreachable: pytest.skip raises
 
 
-def _run(args: list[str], profile: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], profile: str, window: tuple[int, int] = WINDOW
+) -> subprocess.CompletedProcess[str]:
     command = [
         chromium(),
         "--headless",
@@ -82,21 +90,22 @@ def _run(args: list[str], profile: str) -> subprocess.CompletedProcess[str]:
         "--no-first-run",
         "--hide-scrollbars",
         f"--user-data-dir={profile}",
-        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        f"--window-size={window[0]},{window[1]}",
         "--virtual-time-budget=10000",
         *args,
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=180)
 
 
-def probe_page(page: Path) -> dict[str, Any]:
-    """What the page drew in Chromium: ``{"errors", "total", "drawn", "charts": [{"fig", "kind",
+def probe_page(page: Path, window: tuple[int, int] = WINDOW) -> dict[str, Any]:
+    """What the page drew in Chromium: ``{"errors", "total", "drawn_at_load", "drawn", "charts":
+    [{"fig", "kind",
     "card", "svg", "bars", "text", "rect"}]}`` (``card``: the id of the chart's card, if any)."""
     text = page.read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory(prefix="tsp-chromium-") as scratch:
         probed = Path(scratch) / "probed.html"
         probed.write_text(text.replace("<head>", f"<head><script>{_PROBE}</script>", 1))
-        done = _run(["--dump-dom", probed.as_uri()], str(Path(scratch) / "profile"))
+        done = _run(["--dump-dom", probed.as_uri()], str(Path(scratch) / "profile"), window)
     match = re.search(r'<pre id="tsp-probe">(.*?)</pre>', done.stdout, re.S)
     assert match, f"the probe did not run (exit {done.returncode}): {done.stderr[-2000:]}"
     return json.loads(_unescape(match[1]))

@@ -137,6 +137,12 @@ def test_every_figure_is_a_valid_plotly_figure(straggler_page):
     assert len(figs) == 2 + 4 + 2  # a timeline per step, a chart per group, one per region
     for fig in figs:
         go.Figure(fig)  # plotly's own validation: raises on any property it does not know
+    timeline = figs[0]
+    hover = timeline["data"][0]["hovertemplate"]
+    assert all(f"%{{customdata[{i}]}}" in hover for i in range(6)) and "%{x:.2f} ms" in hover
+    role, stage, step, _, rank, file = timeline["data"][0]["customdata"][0]
+    assert (role, stage, step) == ("actor", "update", 1) and rank == 0
+    assert file.startswith("actor_update_step1_rank0-of-4_pid") and file.endswith(".json")
 
 
 # --- in a real browser ---------------------------------------------------------------------------
@@ -253,10 +259,12 @@ def test_report_of_real_example_traces_draws_every_chart(example_dir, tmp_path):
     assert done.returncode == 0, done.stderr
     traces = len(list(example_dir.glob("*.json")))
     assert traces == 2 * 2 * 5  # 2 ranks, steps 2 and 3, five regions
-    probe = probe_page(page)
+    probe = probe_page(page, window=(1280, 900))
     assert probe["errors"] == []
     charts = probe["charts"]
     assert probe["drawn"] == len(charts) == 2 + 10 + 5
+    # Charts far below the window wait until they scroll into view: long pages stay responsive.
+    assert 1 <= probe["drawn_at_load"] < len(charts)
     assert all(c["bars"] >= 1 for c in charts), charts
     assert [c["bars"] for c in charts if c["kind"] == "timeline"] == [10, 10]
     text = page.read_text()
