@@ -62,6 +62,7 @@ def write_trace(
     occurrence: int | None = None,
     pid: int | None = None,
     regions: tuple[str, ...] = (),
+    mm_s: float = 0.0,
 ) -> WrittenTrace:
     """Record and export one trace into ``directory``; returns where and when.
 
@@ -70,7 +71,8 @@ def write_trace(
     replaces the built name. ``occurrence`` goes into the metadata (left out when None, as in
     files written before occurrences existed); ``pid`` stands for the writing process in the
     name and metadata (another run). ``regions`` (``"role/stage"``) are nested ranges, as a
-    fused trace (``discrete=False``, stage ``train``) holds them.
+    fused trace (``discrete=False``, stage ``train``) holds them. ``mm_s`` adds that many seconds
+    of ``aten::mm`` calls (a rank slow in an operator, where ``sleep_s`` is time outside operators).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -88,6 +90,8 @@ def write_trace(
                         torch.relu(x).sum()
                 y = torch.relu(x @ x).sum()
                 time.sleep(sleep_s)
+                if mm_s > 0:
+                    _busy_mm(mm_s)
                 (x + y).mul_(0.5)
         labels = {"role": sanitize_label(role), "stage": sanitize_label(stage)}
         pid = os.getpid() if pid is None else pid
@@ -131,6 +135,13 @@ def write_trace(
         sleep_s=sleep_s,
         started_ns=started_ns,
     )
+
+
+def _busy_mm(seconds: float) -> None:
+    big = torch.randn(256, 256)
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        torch.mm(big, big)
 
 
 def write_ranks(
@@ -215,6 +226,16 @@ def assert_summary_shape(doc: Any) -> None:
             assert isinstance(rank["top_ops"], list)
             for op in rank["top_ops"]:
                 assert isinstance(op["name"], str) and _is_number(op["self_ms"])
+    # summarize --json adds findings to summary_to_dict's shape.
+    assert isinstance(doc.get("findings", []), list)
+    for finding in doc.get("findings", []):
+        assert isinstance(finding["role"], str) and isinstance(finding["stage"], str)
+        assert all(_is_int(finding[key]) for key in ("step", "occurrence", "rank"))
+        assert _is_number(finding["wall_ms"]) and _is_number(finding["median_ms"])
+        assert finding["ratio"] is None or _is_number(finding["ratio"])
+        for op in finding["ops"]:
+            assert isinstance(op["name"], str)
+            assert all(_is_number(op[key]) for key in ("self_ms", "median_self_ms", "delta_ms"))
 
 
 def _is_int(value: Any) -> bool:

@@ -52,10 +52,13 @@ def _ratio(text: str) -> float:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ..findings import FINDINGS_DEPTH, find_findings, findings_to_dicts
     from ..summarize import default_title, render_summary, summarize, summary_to_dict
 
     filters = _tracedir.filters_from_args(parser, args)
-    scanned = _tracedir.scan_folder(args, filters, top=args.top)
+    # --json's findings compare ranks operator by operator: read deeper lists than --top shows.
+    depth = max(args.top, FINDINGS_DEPTH) if args.json else args.top
+    scanned = _tracedir.scan_folder(args, filters, top=depth)
     if isinstance(scanned, int):
         return scanned
     infos, unreadable = scanned
@@ -68,7 +71,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         other_runs=other_runs,
     )
     if args.json:
-        json.dump(summary_to_dict(summary), sys.stdout, indent=2)
+        doc = summary_to_dict(summary)
+        deep = summarize(infos, unreadable, straggler_ratio=args.straggler_ratio, top=depth)
+        doc["findings"] = findings_to_dicts(find_findings(deep))
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         _tracedir.report_unreadable(unreadable)
     else:

@@ -1,0 +1,121 @@
+"""``torchstep-prof report DIR [-o report.html]``: one self-contained HTML page of charts —
+what stands out, each group's wall time per rank, each step's timeline, each region's top
+operators. Needs the ``[report]`` extra (plotly)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from . import _tracedir
+
+HELP = "one HTML page of charts of the traces in DIR: stragglers, timelines, top operators"
+DEFAULT_OUTPUT = "report.html"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..summarize import DEFAULT_STRAGGLER_RATIO
+
+    parser = subparsers.add_parser("report", help=HELP, description=HELP + ".")
+    _tracedir.add_folder_argument(parser)
+    _tracedir.add_filter_arguments(parser)
+    parser.add_argument(
+        "-o",
+        "--output",
+        default=DEFAULT_OUTPUT,
+        metavar="FILE",
+        help=f"the page to write (default {DEFAULT_OUTPUT})",
+    )
+    parser.add_argument(
+        "--top", type=_positive, default=10, metavar="N", help="operators per region (default 10)"
+    )
+    parser.add_argument(
+        "--straggler-ratio",
+        type=_ratio,
+        default=DEFAULT_STRAGGLER_RATIO,
+        metavar="X",
+        help="a rank over X times its group's median (and 5 ms over it) is a straggler "
+        f"(default {DEFAULT_STRAGGLER_RATIO})",
+    )
+    parser.set_defaults(func=lambda args: run(parser, args))
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not value >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {text})")
+    return value
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from .._report_page import PlotlyMissing, load_plotlyjs, render_page
+
+    try:
+        plotlyjs = load_plotlyjs()  # before reading: a missing extra is said at once
+    except PlotlyMissing as exc:
+        _tracedir.error(f"report: {exc}")
+        return _tracedir.EXIT_USAGE
+
+    from ..findings import FINDINGS_DEPTH
+    from ..report import build_report
+    from ..runs import describe_other_runs
+
+    filters = _tracedir.filters_from_args(parser, args)
+    scanned = _tracedir.scan_folder(args, filters, top=max(args.top, FINDINGS_DEPTH))
+    if isinstance(scanned, int):
+        return scanned
+    infos, unreadable = scanned
+    _tracedir.report_unreadable(unreadable)
+    infos, other_runs = _tracedir.newest_runs(infos)
+    if not infos:
+        return _tracedir.nothing_found(args, filters, unreadable)
+    report = build_report(
+        args.directory,
+        infos,
+        unreadable,
+        straggler_ratio=args.straggler_ratio,
+        top=args.top,
+        filters=_filter_words(args),
+        other_runs=describe_other_runs(other_runs),
+    )
+    try:
+        _write(args.output, render_page(report, plotlyjs))
+    except OSError as exc:
+        _tracedir.error(f"cannot write {args.output}: {exc.strerror or exc}")
+        return _tracedir.EXIT_FAILED
+    print(
+        f"wrote {args.output}: {report.traces} trace(s), {len(report.summary.groups)} group(s), "
+        f"{len(report.findings)} straggler(s), {len(unreadable)} file(s) skipped"
+    )
+    return _tracedir.EXIT_OK
+
+
+def _filter_words(args: argparse.Namespace) -> list[str]:
+    words = []
+    for name in ("role", "stage", "step", "rank", "pid"):
+        for value in getattr(args, name, None) or ():
+            words.append(f"--{name} {value}")
+    return words
+
+
+def _write(path: str, text: str) -> None:
+    """Write under a temporary name, then rename: a reader never sees half a page."""
+    folder = os.path.dirname(os.path.abspath(path))
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
