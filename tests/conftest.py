@@ -40,6 +40,7 @@ def _fresh_process_state(monkeypatch):
     _STORE.clear()
     _scopes.reset_root()
     _topology.forget_topology()
+    _ENGINE.forget_occurrences()
     yield
     # torch.autograd._profiler_enabled() sees a profiler started on this thread; one started in
     # another thread it does not, so the engine's record of a running session is checked too.

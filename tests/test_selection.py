@@ -62,12 +62,26 @@ def test_a_loop_that_ends_during_warmup_ran_the_profiler_and_writes_nothing(save
     assert costs.start_s > 0 and costs.stop_s > 0
 
 
-def test_steps_are_numbered_from_one(save_dir):
-    with tsp.schedule(active=1):  # the first cycle's active step is step 1
-        run_steps(3)
+def test_the_cycle_counts_from_step_one_and_passes_over_step_zero(save_dir):
+    with tsp.schedule(active=1):  # the first cycle's active step is step 1, not step 0
+        for n in range(0, 3):
+            with tsp.step(n), tsp.profile_region("actor", "update"):
+                pass
     assert steps_written(save_dir) == [1]
-    with pytest.raises(ValueError, match="step number"):
-        tsp.step(0)
+
+
+def test_an_explicit_list_selects_step_zero(save_dir):
+    with tsp.schedule(steps=[0, 2]):
+        for n in range(0, 4):
+            with tsp.step(n), tsp.profile_region("actor", "update"):
+                pass
+    assert steps_written(save_dir) == [0, 2]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.0, True, "1", None])
+def test_a_step_number_is_an_integer_from_zero(bad):
+    with pytest.raises(ValueError, match=rf"step number must be an integer >= 0 \(got {bad!r}\)"):
+        tsp.step(bad)
 
 
 def test_no_schedule_profiles_nothing(save_dir):

@@ -129,11 +129,12 @@ def _raise_if(problems: list[Problem]) -> None:
 
 @attrs.frozen(kw_only=True)
 class ScheduleConfig:
-    """Which steps are profiled (steps are numbered from 1).
+    """Which steps are profiled.
 
-    Either an explicit list, ``ScheduleConfig(steps=(1, 3))``, or torch.profiler's cycle: skip
-    ``skip_first`` steps, then ``repeat`` cycles of ``wait`` idle, ``warmup`` traced-and-discarded
-    and ``active`` recorded steps (``repeat=0`` cycles for as long as the scope lasts).
+    Either an explicit list of step numbers (>= 0), ``ScheduleConfig(steps=(0, 3))``, or
+    torch.profiler's cycle: skip ``skip_first`` steps, then ``repeat`` cycles of ``wait`` idle,
+    ``warmup`` traced-and-discarded and ``active`` recorded steps (``repeat=0`` cycles for as long
+    as the scope lasts). The cycle counts from step 1: a step 0 is selected only by a list.
 
     >>> ScheduleConfig(skip_first=1, wait=1, warmup=1, active=2, repeat=2).active
     2
@@ -150,7 +151,7 @@ class ScheduleConfig:
         problems = _validate(
             self,
             {
-                "steps": _optional(_int_list(minimum=1, unique=True, non_empty=True)),
+                "steps": _optional(_int_list(minimum=0, unique=True, non_empty=True)),
                 "skip_first": _int_at_least(0),
                 "wait": _int_at_least(0),
                 "warmup": _int_at_least(0),

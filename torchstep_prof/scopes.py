@@ -23,6 +23,7 @@ import attrs
 from ._wrapping import around_each_call
 from .config import FinishHookConfig, ProfilerConfig, ScheduleConfig
 from .errors import ConfigError, Problem
+from .missed_steps import ScheduleScope
 from .selection import StepAction, rank_selected, step_action
 from .topology import current_topology, default_group
 
@@ -80,10 +81,15 @@ class HookScope:
 class Frame:
     """One entry of the scope stack (kept small: regions read ``idle`` on every entry)."""
 
-    __slots__ = ("config", "idle", "disabled", "hook_scope", "explicit_steps", "_rank_cache", "_label_check_steps")
+    __slots__ = (
+        "config", "idle", "disabled", "hook_scope", "explicit_steps", "schedule_scope", "_rank_cache",
+        "_label_check_steps",
+    )  # fmt: skip
 
     def __init__(self, config: ProfilerConfig, hook_scope: Optional[HookScope]) -> None:
         self.config = config
+        # The steps run under the scope that introduced this schedule (set by _frame_for).
+        self.schedule_scope: Optional[ScheduleScope] = None
         self.disabled = not config.enable
         # Nothing can be profiled under this frame: regions return at once.
         self.idle = self.disabled or config.schedule is None
@@ -141,6 +147,7 @@ class _RootFrame(Frame):
     def resolve(self) -> Frame:
         resolved = _frame_for(ProfilerConfig(), parent=None, sets_hook=False)
         Frame.__init__(self, resolved.config, resolved.hook_scope)
+        self.schedule_scope = resolved.schedule_scope
         return self
 
 
@@ -159,6 +166,13 @@ def current_frame() -> Frame:
         _ROOT.resolve()
         _ROOT_RESOLVED = True
     return frame
+
+
+def frame_if_read() -> Optional[Frame]:
+    """The innermost frame, or None while it is the root frame and the environment is unread
+    (at interpreter exit: reading it then could only raise)."""
+    frame = _STACK.get(_ROOT)
+    return None if frame is _ROOT and not _ROOT_RESOLVED else frame
 
 
 def reset_root() -> None:
@@ -201,7 +215,9 @@ def _frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: 
         ENGINE.ensure_atexit()  # "runs at interpreter exit at the latest", even with no trace
     else:
         hook_scope = None
-    return Frame(config, hook_scope)
+    frame = Frame(config, hook_scope)
+    frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)
+    return frame
 
 
 # The entries of _Scope objects in this context (scope, its entered manager), innermost last:
