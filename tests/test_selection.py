@@ -222,3 +222,131 @@ def test_the_cycle_is_torch_profilers_own_with_steps_from_one(skip_first, wait, 
         )
     for n in range(1, 40):
         assert step_action(config, n) is _TORCH_ACTIONS[theirs(n - 1)], n
+
+
+# --- selected steps that never ran (per schedule scope), huge schedules ---------------------
+
+
+def test_missed_steps_are_kept_per_schedule_scope(save_dir):
+    with tsp.schedule(steps=[2]):  # phase A runs its step 2
+        run_steps(3)
+    assert tsp.records().missed_steps == ()
+    with tsp.schedule(steps=[2]):  # phase B stops after step 1: its step 2 never ran
+        run_steps(1)
+    assert tsp.records().missed_steps == ((2, 2),)
+
+
+def test_an_unrelated_scope_inside_a_schedule_reports_nothing_early(save_dir):
+    with tsp.schedule(steps=[2, 3]):
+        with tsp.contents("cpu"):  # exits before step 2 ran: the schedule is not over
+            pass
+        with tsp.configure(gzip=False), tsp.schedule(steps=[2, 3]):  # the same schedule again
+            pass
+        run_steps(3)
+    assert tsp.records().missed_steps == ()
+
+
+def test_missed_steps_come_as_ranges(save_dir):
+    with tsp.schedule(steps=[0, 1, 2, 3, 5, 8, 9]):
+        with tsp.step(2), tsp.profile_region("actor", "update"):
+            pass
+    assert tsp.records().missed_steps == ((0, 1), (3, 3), (5, 5), (8, 9))
+
+
+HUGE_SCHEDULES = [
+    dict(active=30_000_000),
+    dict(wait=1, active=1, repeat=30_000_000),
+    dict(skip_first=10_000_000, warmup=5, active=10_000_000, repeat=3),
+    dict(wait=2, active=3, repeat=0),
+    dict(steps=list(range(0, 2_000_000, 2))),
+]
+
+
+@pytest.mark.parametrize("fields", HUGE_SCHEDULES, ids=lambda f: ",".join(f"{k}={str(v)[:12]}" for k, v in f.items()))
+def test_a_huge_schedule_costs_no_more_memory_than_a_small_one(tmp_path, fields):
+    """Any schedule that validates stays under 10 MB at any point, scope exit included (the
+    allocation peak is counted by tracemalloc; time follows from it: nothing is enumerated)."""
+    import tracemalloc
+
+    schedule = tsp.schedule(**fields)  # made outside the measurement: the list is the user's
+    tracemalloc.start()
+    try:
+        with tsp.configure(save_path=str(tmp_path), summary=False), schedule:
+            for n in range(1, 4):
+                with tsp.step(n), tsp.profile_region("actor", "update"):
+                    pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+    data = tsp.records()
+    assert len(data.missed_steps) <= 20
+
+
+def test_a_million_missed_steps_print_as_one_line(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    with tsp.configure(save_path=str(tmp_path), summary=False), tsp.schedule(active=1_000_000):
+        run_steps(3)
+    data = tsp.records()
+    assert (data.missed_steps, data.missed_steps_unlisted) == (((4, 1_000_000),), 0)
+    buffer = io.StringIO()
+    tsp.print_summary(data, Console(file=buffer, width=120))
+    [line] = [line for line in buffer.getvalue().splitlines() if "never ran" in line]
+    assert "steps 4-1000000 never ran" in line
+
+
+def test_a_cycle_missing_millions_of_ranges_lists_twenty_and_counts_the_rest(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    with tsp.configure(save_path=str(tmp_path), summary=False), tsp.schedule(wait=1, active=1, repeat=1_000_000):
+        run_steps(4)  # steps 2 and 4 ran; 6, 8, ... 2000000 never did
+    data = tsp.records()
+    assert data.missed_steps == tuple((n, n) for n in range(6, 46, 2))
+    assert data.missed_steps_unlisted == 1_000_000 - 2 - 20
+    buffer = io.StringIO()
+    tsp.print_summary(data, Console(file=buffer, width=400))
+    [line] = [line for line in buffer.getvalue().splitlines() if "never ran" in line]
+    assert "steps 6, 8, 10" in line and "44 and 999978 more never ran" in line
+
+
+ENV_SCHEDULE_JOB = """
+    import torch
+    import torchstep_prof as tsp
+    with tsp.contents("cpu"):      # an unrelated scope, exited before step 2 runs
+        pass
+    for n in range(1, {last} + 1):
+        with tsp.step(n), tsp.profile_region("actor", "update"):
+            torch.ones(2).sum()
+    print("job done")
+"""
+
+
+def test_the_environments_schedule_reports_missed_steps_at_exit_and_only_then(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
+    env.update(
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+        COLUMNS="200",
+        TORCHSTEP_PROF_OVERRIDES="schedule.steps=[2,5] save_path=profile",
+    )
+    shown = {}
+    for last in (3, 1):
+        script = tmp_path / f"job{last}.py"
+        script.write_text(textwrap.dedent(ENV_SCHEDULE_JOB.format(last=last)))
+        result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0 and "job done" in result.stdout, result.stderr
+        shown[last] = result.stdout
+    # Step 2 ran (its trace is in the table): only step 5 never did.
+    assert "actor" in shown[3] and "step 5 never ran" in shown[3] and "2, 5" not in shown[3]
+    # No step ran: no trace, so no summary at all (SPEC: a process that wrote nothing prints none).
+    assert "never ran" not in shown[1]

@@ -24,7 +24,7 @@ from ._wrapping import around_each_call
 from .config import FinishHookConfig, ProfilerConfig, ScheduleConfig
 from .errors import ConfigError, Problem
 from .missed_steps import ScheduleScope
-from .selection import StepAction, rank_selected, step_action
+from .selection import StepAction, explicit_steps, rank_selected, step_action
 from .topology import current_topology, default_group
 
 __all__ = [
@@ -95,7 +95,7 @@ class Frame:
         self.idle = self.disabled or config.schedule is None
         self.hook_scope = hook_scope
         schedule = config.schedule
-        self.explicit_steps = frozenset(schedule.steps) if schedule and schedule.steps is not None else None
+        self.explicit_steps = explicit_steps(schedule.steps) if schedule and schedule.steps is not None else None
         self._rank_cache: Optional[tuple[Any, bool]] = None
         self._label_check_steps = 2
 

@@ -11,16 +11,20 @@ from __future__ import annotations
 import bisect
 import enum
 import functools
-from typing import Iterator, Optional, Sequence
+import itertools
+import operator
+from typing import Container, Iterator, Optional, Sequence
 
 from .config import ScheduleConfig
 
 __all__ = [
     "StepAction",
     "count_selected",
+    "explicit_steps",
     "last_selected_step",
     "rank_selected",
     "selected_ranges",
+    "sorted_steps",
     "step_action",
 ]
 
@@ -33,14 +37,39 @@ class StepAction(enum.IntEnum):
     RECORD = 2
 
 
-@functools.lru_cache(maxsize=64)
-def _explicit(steps: tuple[int, ...]) -> frozenset[int]:
-    return frozenset(steps)
+_SET_LIMIT = 4096  # explicit lists up to this long are a set; longer ones a sorted tuple
+
+
+class _SortedSteps:
+    """A long explicit list as a sorted tuple: membership by bisection, without a set of
+    millions of entries (a 1M-step set alone would cost ~32 MB)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: tuple[int, ...]) -> None:
+        self.steps = steps
+
+    def __contains__(self, step: object) -> bool:
+        steps = self.steps
+        i = bisect.bisect_left(steps, step)  # type: ignore[arg-type]
+        return i < len(steps) and steps[i] == step
 
 
 @functools.lru_cache(maxsize=16)
-def _sorted(steps: tuple[int, ...]) -> tuple[int, ...]:
+def sorted_steps(steps: tuple[int, ...]) -> tuple[int, ...]:
+    """An explicit list in order (the list itself when it already is: no copy)."""
+    if all(map(operator.lt, steps, itertools.islice(steps, 1, None))):  # C loops: no copy
+        return steps
     return tuple(sorted(steps))
+
+
+@functools.lru_cache(maxsize=16)
+def explicit_steps(steps: tuple[int, ...]) -> Container[int]:
+    """What ``step in ...`` reads for an explicit list: a set, or for a long list the sorted
+    steps searched by bisection (memory stays that of the list itself)."""
+    if len(steps) <= _SET_LIMIT:
+        return frozenset(steps)
+    return _SortedSteps(sorted_steps(steps))
 
 
 def step_action(schedule: Optional[ScheduleConfig], step: int) -> StepAction:
@@ -55,7 +84,7 @@ def step_action(schedule: Optional[ScheduleConfig], step: int) -> StepAction:
     if schedule is None:
         return StepAction.NONE
     if schedule.steps is not None:
-        return StepAction.RECORD if step in _explicit(schedule.steps) else StepAction.NONE
+        return StepAction.RECORD if step in explicit_steps(schedule.steps) else StepAction.NONE
     index = step - 1 - schedule.skip_first
     if index < 0:
         return StepAction.NONE
@@ -93,7 +122,7 @@ def _recorded_upto(schedule: ScheduleConfig, last: int) -> int:
     if last < 0:
         return 0
     if schedule.steps is not None:
-        return bisect.bisect_right(_sorted(schedule.steps), last)
+        return bisect.bisect_right(sorted_steps(schedule.steps), last)
     index = last - schedule.skip_first  # steps 1..last after the skipped ones
     if index <= 0:
         return 0
@@ -131,9 +160,10 @@ def selected_ranges(schedule: Optional[ScheduleConfig], first: int, last: int) -
     if schedule is None or last < first:
         return
     if schedule.steps is not None:
-        ordered = _sorted(schedule.steps)
+        ordered = sorted_steps(schedule.steps)
         start = end = None
-        for n in ordered[bisect.bisect_left(ordered, first) :]:
+        for index in range(bisect.bisect_left(ordered, first), len(ordered)):
+            n = ordered[index]
             if n > last:
                 break
             if end is not None and n == end + 1:
