@@ -128,3 +128,34 @@ def test_a_step_begun_and_never_ended_is_written_at_exit_whatever_ended_the_scri
     for path in files:
         check_trace_file(path)
         assert "trainer/forward" in range_names(load_trace(path))
+
+
+FORKED_WHILE_A_STEP_IS_BEGUN = """
+    import os
+    import torch
+    import torchstep_prof as tsp
+
+    with tsp.configure(save_path="profile", discrete=False, summary=False), tsp.schedule(steps=[1]):
+        tsp.begin_step(1)
+        with tsp.profile_region("trainer", "forward"):
+            torch.ones(4).sum()
+        pid = os.fork()
+        if pid == 0:  # the child would end the inherited step at its next begin_step
+            tsp.begin_step(2)
+            tsp.end_step()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status), "parent", os.getpid(), flush=True)
+        tsp.begin_step(2)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_ends_a_step_its_parent_began(tmp_path):
+    result = run_script(FORKED_WHILE_A_STEP_IS_BEGUN, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "child exit 0" in result.stdout
+    [path] = trace_files(tmp_path / "profile")  # the parent's step 1 only
+    name = parse_trace_name(path)
+    assert (name.step, name.pid) == (1, int(result.stdout.split("parent")[1].split()[0]))
+    assert "trainer/forward" in range_names(check_trace_file(path))

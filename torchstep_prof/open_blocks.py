@@ -4,6 +4,7 @@ that the exit of the scope they were begun under, or interpreter exit, ends thos
 from __future__ import annotations
 
 import contextvars
+import os
 import sys
 import threading
 from typing import Any, Optional, Protocol
@@ -68,3 +69,14 @@ def end_all() -> None:
     for block in left:
         if claim(block):
             block._end(None, None, None)
+
+
+def _forget_after_fork() -> None:
+    # A forked child never ends (stops, writes) a step its parent began: it is not the child's.
+    global _LOCK
+    _LOCK = threading.Lock()
+    _OPEN.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

@@ -328,7 +328,8 @@ def schedule(
     active: int = 1,
     repeat: int = 1,
 ) -> contextlib.AbstractContextManager[ProfilerConfig]:
-    """Profile chosen steps: an explicit list, or torch.profiler's cycle.
+    """Profile chosen steps: an explicit list (step numbers >= 0), or torch.profiler's cycle,
+    which counts from step 1 (a step 0 is profiled only when a list names it).
 
     >>> import torchstep_prof as tsp
     >>> with tsp.schedule(steps=[1, 3]):          # steps 1 and 3
