@@ -153,8 +153,9 @@ def test_the_hook_runs_when_the_last_selected_step_begun_ends(save_dir, tmp_path
     assert len(tsp.records().hooks) == 1
 
 
-def test_an_exception_leaving_the_loop_ends_the_open_step_with_its_scope(save_dir):
-    with pytest.raises(RuntimeError, match="diverged"):
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_an_exception_leaving_the_loop_ends_the_open_step_with_its_scope(save_dir, error):
+    with pytest.raises(error, match="diverged"):
         with tsp.configure(discrete=False), tsp.schedule(steps=[0, 1]):
             iter_num = 0
             while True:
@@ -162,7 +163,7 @@ def test_an_exception_leaving_the_loop_ends_the_open_step_with_its_scope(save_di
                 with tsp.profile_region("trainer", "forward"):
                     work()
                 if iter_num == 1:
-                    raise RuntimeError("loss diverged")
+                    raise error("loss diverged")
                 iter_num += 1
     assert steps_written(save_dir) == [0, 1]  # step 1's fused trace ended with the scope
     # Nothing is left open: a new loop starts from a clean state.
