@@ -350,3 +350,40 @@ def test_the_environments_schedule_reports_missed_steps_at_exit_and_only_then(tm
     assert "actor" in shown[3] and "step 5 never ran" in shown[3] and "2, 5" not in shown[3]
     # No step ran: no trace, so no summary at all (SPEC: a process that wrote nothing prints none).
     assert "never ran" not in shown[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    skip_first=st.integers(0, 3),
+    wait=st.integers(0, 3),
+    warmup=st.integers(0, 3),
+    active=st.integers(1, 4),
+    repeat=st.integers(0, 3),
+    first=st.integers(0, 30),
+    span=st.integers(0, 40),
+    seen=st.sets(st.integers(0, 45), max_size=12),
+)
+def test_ranges_counts_and_missed_steps_agree_with_step_by_step_selection(
+    skip_first, wait, warmup, active, repeat, first, span, seen
+):
+    from torchstep_prof.missed_steps import ScheduleScope
+    from torchstep_prof.selection import count_selected, last_selected_step, selected_ranges
+
+    config = ScheduleConfig(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
+    last = first + span
+    recorded = [n for n in range(first, last + 1) if step_action(config, n) is StepAction.RECORD]
+    assert [n for a, b in selected_ranges(config, first, last) for n in range(a, b + 1)] == recorded
+    assert count_selected(config, first, last) == len(recorded)
+
+    scope = ScheduleScope(config)
+    for n in seen:
+        scope.saw(n)
+    missed = scope.missed()
+    end = last_selected_step(config)
+    if end is None:
+        assert not missed
+        return
+    expected = [n for n in range(0, end + 1) if step_action(config, n) is StepAction.RECORD and n not in seen]
+    listed = [n for a, b in missed.ranges for n in range(a, b + 1)]
+    assert listed == expected[: len(listed)] and len(listed) + missed.unlisted == len(expected)
+    assert len(missed.ranges) <= 20
