@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Tuple
+
+import attrs
 
 from .config import ScheduleConfig
 from .record_store import MAX_MISSED_RANGES
@@ -73,15 +75,13 @@ class StepRanges:
             yield start, last
 
 
+@attrs.frozen
 class MissedSteps:
-    """Selected steps that never ran: up to ``MAX_MISSED_RANGES`` ``(first, last)`` ranges, and how
-    many more steps there were beyond them (``unlisted``)."""
+    """Selected steps that never ran: up to ``MAX_MISSED_RANGES`` ``(first, last)`` ranges, and
+    how many more steps there were beyond them (``unlisted``)."""
 
-    __slots__ = ("ranges", "unlisted")
-
-    def __init__(self, ranges: tuple[tuple[int, int], ...], unlisted: int) -> None:
-        self.ranges = ranges
-        self.unlisted = unlisted
+    ranges: Tuple[Tuple[int, int], ...] = ()
+    unlisted: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.ranges or self.unlisted)
@@ -117,7 +117,7 @@ class ScheduleScope:
         schedule that cycles until the scope ends)."""
         last = last_selected_step(self.schedule)
         if last is None:
-            return MissedSteps((), 0)
+            return MissedSteps()
         with self._lock:
             gaps = list(self._seen.gaps(0, last))
         listed: list[tuple[int, int]] = []
