@@ -4,7 +4,8 @@ class-based context manager).
 Cases, each timed side by side with its baseline in the same scopes:
 
 (a) no schedule in force;
-(b) a schedule in force, the step not selected, inside a ``tsp.step(n)`` block (normal usage);
+(b) a schedule in force, the step not selected, inside a ``tsp.step(n)`` block (normal usage),
+    and after ``tsp.begin_step(n)`` (the same step, begun without a ``with`` block);
 (c) the step selected, the rank not (``tsp.ranks(5)`` on rank 0), inside ``tsp.step(n)``.
 
 ``with tsp.profile_region(...)`` is compared with a bare class-based context manager (an object
@@ -148,6 +149,9 @@ def run(quick: bool = False) -> Report:
             b_plain = interleave({"plain": loop("plain()", number, ns), "profiled": decorated}, rounds)
             report.add(ratio_stat("b_step_not_selected: @profiled / plain() call", b_plain["plain"], b_plain["profiled"], "info, no target"))
         measure("b_no_step_block", "schedule in force, step not selected, no step block (counter)", info_only=True)
+        tsp.begin_step(3)
+        measure("b_after_begin_step", "schedule in force, step not selected, after begin_step(n)")
+        tsp.end_step()
 
     with tsp.configure(summary=False), tsp.schedule(steps=[1]), tsp.ranks(5):
         _first_steps(tsp)

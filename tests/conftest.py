@@ -41,6 +41,7 @@ def _fresh_process_state(monkeypatch):
     _STORE.clear()
     _scopes.reset_root()
     _topology.forget_topology()
+    _ENGINE.forget_occurrences()
     yield
     # Hooks run in the background: one still running must not land in the next test's records.
     _finishing.wait_for_hooks()

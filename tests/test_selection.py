@@ -62,12 +62,26 @@ def test_a_loop_that_ends_during_warmup_ran_the_profiler_and_writes_nothing(save
     assert costs.start_s > 0 and costs.stop_s > 0
 
 
-def test_steps_are_numbered_from_one(save_dir):
-    with tsp.schedule(active=1):  # the first cycle's active step is step 1
-        run_steps(3)
+def test_the_cycle_counts_from_step_one_and_passes_over_step_zero(save_dir):
+    with tsp.schedule(active=1):  # the first cycle's active step is step 1, not step 0
+        for n in range(0, 3):
+            with tsp.step(n), tsp.profile_region("actor", "update"):
+                pass
     assert steps_written(save_dir) == [1]
-    with pytest.raises(ValueError, match="step number"):
-        tsp.step(0)
+
+
+def test_an_explicit_list_selects_step_zero(save_dir):
+    with tsp.schedule(steps=[0, 2]):
+        for n in range(0, 4):
+            with tsp.step(n), tsp.profile_region("actor", "update"):
+                pass
+    assert steps_written(save_dir) == [0, 2]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.0, True, "1", None])
+def test_a_step_number_is_an_integer_from_zero(bad):
+    with pytest.raises(ValueError, match=rf"step number must be an integer >= 0 \(got {bad!r}\)"):
+        tsp.step(bad)
 
 
 def test_no_schedule_profiles_nothing(save_dir):
@@ -208,3 +222,168 @@ def test_the_cycle_is_torch_profilers_own_with_steps_from_one(skip_first, wait, 
         )
     for n in range(1, 40):
         assert step_action(config, n) is _TORCH_ACTIONS[theirs(n - 1)], n
+
+
+# --- selected steps that never ran (per schedule scope), huge schedules ---------------------
+
+
+def test_missed_steps_are_kept_per_schedule_scope(save_dir):
+    with tsp.schedule(steps=[2]):  # phase A runs its step 2
+        run_steps(3)
+    assert tsp.records().missed_steps == ()
+    with tsp.schedule(steps=[2]):  # phase B stops after step 1: its step 2 never ran
+        run_steps(1)
+    assert tsp.records().missed_steps == ((2, 2),)
+
+
+def test_an_unrelated_scope_inside_a_schedule_reports_nothing_early(save_dir):
+    with tsp.schedule(steps=[2, 3]):
+        with tsp.contents("cpu"):  # exits before step 2 ran: the schedule is not over
+            pass
+        with tsp.configure(gzip=False), tsp.schedule(steps=[2, 3]):  # the same schedule again
+            pass
+        run_steps(3)
+    assert tsp.records().missed_steps == ()
+
+
+def test_missed_steps_come_as_ranges(save_dir):
+    with tsp.schedule(steps=[0, 1, 2, 3, 5, 8, 9]):
+        with tsp.step(2), tsp.profile_region("actor", "update"):
+            pass
+    assert tsp.records().missed_steps == ((0, 1), (3, 3), (5, 5), (8, 9))
+
+
+HUGE_SCHEDULES = [
+    dict(active=30_000_000),
+    dict(wait=1, active=1, repeat=30_000_000),
+    dict(skip_first=10_000_000, warmup=5, active=10_000_000, repeat=3),
+    dict(wait=2, active=3, repeat=0),
+    dict(steps=list(range(0, 2_000_000, 2))),
+]
+
+
+@pytest.mark.parametrize("fields", HUGE_SCHEDULES, ids=lambda f: ",".join(f"{k}={str(v)[:12]}" for k, v in f.items()))
+def test_a_huge_schedule_costs_no_more_memory_than_a_small_one(tmp_path, fields):
+    """Any schedule that validates stays under 10 MB at any point, scope exit included (the
+    allocation peak is counted by tracemalloc; time follows from it: nothing is enumerated)."""
+    import tracemalloc
+
+    schedule = tsp.schedule(**fields)  # made outside the measurement: the list is the user's
+    tracemalloc.start()
+    try:
+        with tsp.configure(save_path=str(tmp_path), summary=False), schedule:
+            for n in range(1, 4):
+                with tsp.step(n), tsp.profile_region("actor", "update"):
+                    pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+    data = tsp.records()
+    assert len(data.missed_steps) <= 20
+
+
+def test_a_million_missed_steps_print_as_one_line(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    with tsp.configure(save_path=str(tmp_path), summary=False), tsp.schedule(active=1_000_000):
+        run_steps(3)
+    data = tsp.records()
+    assert (data.missed_steps, data.missed_steps_unlisted) == (((4, 1_000_000),), 0)
+    buffer = io.StringIO()
+    tsp.print_summary(data, Console(file=buffer, width=120))
+    [line] = [line for line in buffer.getvalue().splitlines() if "never ran" in line]
+    assert "steps 4-1000000 never ran" in line
+
+
+def test_a_cycle_missing_millions_of_ranges_lists_twenty_and_counts_the_rest(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    with tsp.configure(save_path=str(tmp_path), summary=False), tsp.schedule(wait=1, active=1, repeat=1_000_000):
+        run_steps(4)  # steps 2 and 4 ran; 6, 8, ... 2000000 never did
+    data = tsp.records()
+    assert data.missed_steps == tuple((n, n) for n in range(6, 46, 2))
+    assert data.missed_steps_unlisted == 1_000_000 - 2 - 20
+    buffer = io.StringIO()
+    tsp.print_summary(data, Console(file=buffer, width=400))
+    [line] = [line for line in buffer.getvalue().splitlines() if "never ran" in line]
+    assert "steps 6, 8, 10" in line and "44 and 999978 more never ran" in line
+
+
+ENV_SCHEDULE_JOB = """
+    import torch
+    import torchstep_prof as tsp
+    with tsp.contents("cpu"):      # an unrelated scope, exited before step 2 runs
+        pass
+    for n in range(1, {last} + 1):
+        with tsp.step(n), tsp.profile_region("actor", "update"):
+            torch.ones(2).sum()
+    print("job done")
+"""
+
+
+def test_the_environments_schedule_reports_missed_steps_at_exit_and_only_then(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
+    env.update(
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+        COLUMNS="200",
+        TORCHSTEP_PROF_OVERRIDES="schedule.steps=[2,5] save_path=profile",
+    )
+    shown = {}
+    for last in (3, 1):
+        script = tmp_path / f"job{last}.py"
+        script.write_text(textwrap.dedent(ENV_SCHEDULE_JOB.format(last=last)))
+        result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0 and "job done" in result.stdout, result.stderr
+        shown[last] = result.stdout
+    # Step 2 ran (its trace is in the table): only step 5 never did.
+    assert "actor" in shown[3] and "step 5 never ran" in shown[3] and "2, 5" not in shown[3]
+    # No step ran: no trace, so no summary at all (SPEC: a process that wrote nothing prints none).
+    assert "never ran" not in shown[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    skip_first=st.integers(0, 3),
+    wait=st.integers(0, 3),
+    warmup=st.integers(0, 3),
+    active=st.integers(1, 4),
+    repeat=st.integers(0, 3),
+    first=st.integers(0, 30),
+    span=st.integers(0, 40),
+    seen=st.sets(st.integers(0, 45), max_size=12),
+)
+def test_ranges_counts_and_missed_steps_agree_with_step_by_step_selection(
+    skip_first, wait, warmup, active, repeat, first, span, seen
+):
+    from torchstep_prof.missed_steps import ScheduleScope
+    from torchstep_prof.selection import count_selected, last_selected_step, selected_ranges
+
+    config = ScheduleConfig(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
+    last = first + span
+    recorded = [n for n in range(first, last + 1) if step_action(config, n) is StepAction.RECORD]
+    assert [n for a, b in selected_ranges(config, first, last) for n in range(a, b + 1)] == recorded
+    assert count_selected(config, first, last) == len(recorded)
+
+    scope = ScheduleScope(config)
+    for n in seen:
+        scope.saw(n)
+    missed = scope.missed()
+    end = last_selected_step(config)
+    if end is None:
+        assert not missed
+        return
+    expected = [n for n in range(0, end + 1) if step_action(config, n) is StepAction.RECORD and n not in seen]
+    listed = [n for a, b in missed.ranges for n in range(a, b + 1)]
+    assert listed == expected[: len(listed)] and len(listed) + missed.unlisted == len(expected)
+    assert len(missed.ranges) <= 20

@@ -125,7 +125,7 @@ def test_summary_false_and_the_environment_switch_turn_it_off(tmp_path):
     shown = run_script(JOB.format(extra=""), tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert "trace(s) written" in shown.stdout
-    assert "selected but never ran: step(s) 9" in shown.stdout
+    assert "step 9 never ran" in shown.stdout
 
     off_in_code = run_script(JOB.format(extra=", summary=False"), tmp_path)
     assert off_in_code.returncode == 0 and "job done" in off_in_code.stdout

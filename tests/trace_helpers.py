@@ -116,7 +116,8 @@ def check_trace_file(path: str | os.PathLike[str]) -> Trace:
     - the name matches the grammar and round-trips through ``parse_trace_name``;
     - it loads as (gzip) JSON, a Chrome trace with ``traceEvents``;
     - ``distributedInfo`` holds the rank and world size of the name;
-    - the top-level ``torchstep_prof`` object repeats role, stage, step, rank and world size;
+    - the top-level ``torchstep_prof`` object repeats role, stage, step, rank and world size, and
+      holds ``discrete`` and the ``occurrence`` (from 1);
     - exactly one ``ProfilerStep#<n>`` row, ``n`` the step of the name.
     """
     path = Path(path)
@@ -139,6 +140,8 @@ def check_trace_file(path: str | os.PathLike[str]) -> Trace:
         "world_size": name.world_size,
     }, meta
     assert isinstance(meta.get("discrete"), bool), meta
+    occurrence = meta.get("occurrence")
+    assert isinstance(occurrence, int) and occurrence >= 1, f"{path.name}: occurrence {occurrence!r}"
     step_rows = [e["name"] for e in profiler_steps(trace)]
     assert step_rows == [f"ProfilerStep#{name.step}"], f"{path.name}: ProfilerStep rows {step_rows}"
     return trace

@@ -42,11 +42,13 @@ _EXPORTS = {
     "TraceRecord": "record_store",
     "TraceWriteWarning": "errors",
     "apply_overrides": "overrides",
+    "begin_step": "regions",
     "build_trace_name": "naming",
     "configure": "scopes",
     "contents": "scopes",
     "dump_config": "config_files",
     "effective_config": "scopes",
+    "end_step": "regions",
     "from_dict": "converter",
     "load_config": "config_files",
     "on_finish": "scopes",
@@ -123,6 +125,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .naming import TraceName, build_trace_name, parse_trace_name
     from .overrides import apply_overrides
     from .record_store import HookRecord, ProfilingCosts, ProfilingRecords, TraceRecord, records
-    from .regions import profile_region, profiled, step
+    from .regions import begin_step, end_step, profile_region, profiled, step
     from .scopes import configure, contents, effective_config, on_finish, ranks, schedule
     from .summary import print_summary

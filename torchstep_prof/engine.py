@@ -23,8 +23,9 @@ import torch
 from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
 from .naming import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
-from .scopes import Frame, HookScope, env_hook_scope
-from .selection import StepAction, last_selected_step, selected_steps
+from . import open_blocks
+from .scopes import Frame, HookScope, env_hook_scope, frame_if_read
+from .selection import StepAction, last_selected_step
 from .session import NESTED_FAST_PATH, ThreadSpan, TraceSession, entered, new_range, profiler_kwargs
 from .topology import current_topology
 from .export import TraceWriter
@@ -52,16 +53,22 @@ def range_name(role: str, stage: str) -> str:
 
 
 class _OwnedTrace:
-    """Returned to the block that owns a trace; its ``__exit__`` stops and writes it."""
+    """Returned to the block that owns a trace; its ``__exit__`` stops and writes it, once
+    (interpreter exit may have done it before a suspended generator's block exits)."""
 
-    __slots__ = ("_engine", "_session")
+    __slots__ = ("_engine", "session", "_done")
 
     def __init__(self, engine: Engine, session: TraceSession) -> None:
         self._engine = engine
-        self._session = session
+        self.session = session
+        self._done = False
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._engine.stop_session(self._session)
+        with self._engine.lock:
+            if self._done:
+                return
+            self._done = True
+        self._engine.stop_session(self.session)
 
 
 class Engine:
@@ -69,6 +76,7 @@ class Engine:
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)  # notified when _busy clears
         self.session: Optional[TraceSession] = None  # the trace recording now, if any
+        self._owner: Optional[_OwnedTrace] = None  # what stops it (interpreter exit may have to)
         # A thread is starting, stopping or exporting torch's profiler (under self.lock): Kineto
         # crashes when one thread starts a profiler while another stops one.
         self._busy = False
@@ -77,7 +85,8 @@ class Engine:
         self.forked = False
         self.warmed = False
         self.counters: dict[tuple[str, str], Iterator[int]] = {}
-        self._selected_steps_seen: set[int] = set()
+        # (role, stage, step) -> traces started so far; (None, None, step) for fused ones
+        self._occurrences: dict[tuple[Optional[str], Optional[str], int], int] = {}
         self._atexit_registered = False
         # Hook scopes finished while a trace was recording: started once it is written.
         self._deferred_finishes: list[tuple[HookScope, Any]] = []
@@ -122,10 +131,12 @@ class Engine:
         return ThreadSpan(session, name)
 
     def decide(self, frame: Frame, step: int) -> StepAction:
-        """The action for ``step`` under ``frame`` on this rank; remembers selected steps."""
+        """The action for ``step`` under ``frame`` on this rank; remembers selected steps (per
+        schedule scope: see missed_steps)."""
         action = frame.action(step)
         if action is not StepAction.NONE:
-            self._selected_steps_seen.add(step)
+            if frame.schedule_scope is not None:
+                frame.schedule_scope.saw(step)
             if frame.hook_scope is not None and not frame.hook_scope.profiled:
                 frame.hook_scope.mark_profiled()
         return action
@@ -135,6 +146,22 @@ class Engine:
         if self.forked or self.session is not None:
             return None
         return self._start(frame, None, None, number, action)
+
+    def step_began_in_trace(self, number: int) -> None:
+        """A step block begins while a trace records: remember it if the trace belongs to a
+        region left open past its own step's end (its trace now holds this step's work)."""
+        session = self.session
+        if session is not None and session.left_open and number != session.step:
+            with self.lock:
+                if number not in session.later_steps:
+                    session.later_steps.append(number)
+
+    def step_ending(self, block: Any) -> None:
+        """A step block ends while a trace records: a region that owns it, entered in that
+        block, is being left open across steps (a generator suspended inside it, say)."""
+        session = self.session
+        if session is not None and session.step_block is block and not session.fused:
+            session.left_open = True
 
     def step_exited(self, frame: Frame, number: int) -> None:
         """After a ``step`` block: finish every enclosing hook scope whose schedule has just run
@@ -147,6 +174,11 @@ class Engine:
                 if last is not None and number >= last:
                     self.finish(scope, frame.config)
             scope = scope.parent
+
+    def forget_occurrences(self) -> None:
+        """Count occurrences afresh, as a new process would (tests running many jobs in one)."""
+        with self.lock:
+            self._occurrences.clear()
 
     def count(self, role: str, stage: str) -> int:
         """The next number of the per-process counter of (role, stage), from 1."""
@@ -180,6 +212,8 @@ class Engine:
             running = self.session
             if running is None:
                 self._busy = True
+                key = (role, stage, step)
+                session.occurrence = self._occurrences[key] = self._occurrences.get(key, 0) + 1
         if running is not None:  # another thread's trace is recording: be a range in it
             if role is None:
                 return None
@@ -210,18 +244,22 @@ class Engine:
                     world_size=session.topology.world_size,
                     discrete=role is not None,
                     path=None,
+                    occurrence=session.occurrence,
                     error=f"profiler failed to start: {exc!r}",
                 )
             )
             return None
+        owner = _OwnedTrace(self, session)
+        if role is not None:
+            session.step_block = CURRENT_STEP.get(None)
         with self.lock:
             # Published only once torch's profiler runs: a region that sees it may open a range.
-            self.session, self._busy = session, False
+            self.session, self._owner, self._busy = session, owner, False
             if role is not None and CURRENT_STEP.get(None) is not None:
                 # Regions nested here, in this thread, need no counter and no checks.
                 NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
             self._idle.notify_all()
-        return _OwnedTrace(self, session)
+        return owner
 
     def stop_session(self, session: TraceSession) -> None:
         """Stop ``session`` (always), then write it when its step records. Never raises."""
@@ -229,7 +267,7 @@ class Engine:
             # Unpublished before torch stops: no new range is opened into a stopping trace, and
             # no other thread starts a profiler until this one is stopped and exported.
             if self.session is session:
-                self.session = None
+                self.session = self._owner = None
                 NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None
             self._busy = self._stopping = True
         try:
@@ -244,6 +282,8 @@ class Engine:
                 def on_written(record: TraceRecord) -> None:
                     if hook_scope is not None and record.path is not None:
                         hook_scope.add_trace(record.path, roles)
+                    if session.left_open:
+                        _report_left_open(session, record)
 
                 self.writer.write(session, on_written)
         except Exception as exc:  # never let profiling replace the user's exception or result
@@ -314,22 +354,22 @@ class Engine:
             self.warm_up(frame.config.contents)
 
     def scope_exited(self, frame: Frame, parent: Frame) -> None:
+        open_blocks.end_under(frame)  # steps begun under it and left open end with it
         if self.writer.has_pending:
             self.writer.flush()
         if frame.hook_scope is not None and frame.hook_scope is not parent.hook_scope:
             self.finish(frame.hook_scope, frame.config)
-        schedule = frame.config.schedule
-        if (
-            not frame.idle
-            and schedule is not parent.config.schedule
-            and not self.forked
-            and frame.rank_selected()
-        ):
-            last = last_selected_step(schedule)
-            if last is not None:
-                missed = set(selected_steps(schedule, last)) - self._selected_steps_seen
-                if missed:
-                    STORE.add_missed_steps(frozenset(missed))
+        if frame.schedule_scope is not parent.schedule_scope:
+            self._report_missed(frame)
+
+    def _report_missed(self, frame: Frame) -> None:
+        """The schedule ``frame`` introduced is over: note its selected steps that never ran."""
+        scope = frame.schedule_scope
+        if scope is None or frame.idle or self.forked or not frame.rank_selected():
+            return
+        missed = scope.missed()
+        if missed:
+            STORE.add_missed_steps(missed.ranges, missed.unlisted)
 
     def finish(self, scope: HookScope, where: Any = None) -> None:
         """Profiling under ``scope`` is finished (``where``: the config in force at that point):
@@ -355,10 +395,26 @@ class Engine:
 
         finish(scope, where, self.writer.flush)
 
+    def close_open_blocks(self) -> None:
+        """Interpreter exit: end the steps begun and never ended, stop a trace still recording in
+        this thread (a generator left suspended inside a region), and note the missed steps of
+        a schedule still in force (the environment's, or a scope never exited)."""
+        try:
+            open_blocks.end_all()
+            owner = self._owner
+            if owner is not None and owner.session.owner_thread == threading.get_ident():
+                owner.__exit__(None, None, None)
+            frame = frame_if_read()
+            if frame is not None:
+                self._report_missed(frame)
+        except Exception as exc:  # the exit code and the rest of the exit work come first
+            self._warn_once("exit", f"torchstep_prof: ending open blocks at exit failed: {exc!r}", TorchstepProfWarning)
+
     def at_exit(self) -> None:
         if self.forked:
             return
         try:
+            self.close_open_blocks()
             self.writer.flush()
             scope = env_hook_scope()
             if scope is not None:
@@ -390,13 +446,23 @@ class Engine:
         # A DataLoader worker inherits the parent's state, maybe a running profiler: it must
         # write nothing, run no hook and print no summary.
         self.forked = True
-        self.session = None
+        self.session = self._owner = None
         NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None
         self._busy = self._stopping = False
         self._deferred_finishes = []
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
         self.writer.forget_after_fork()
+
+
+def _report_left_open(session: TraceSession, record: TraceRecord) -> None:
+    where = record.path if record.path is not None else f"a trace not written ({record.error})"
+    later = f"; step(s) {', '.join(map(str, session.later_steps))} ran inside it" if session.later_steps else ""
+    STORE.add_attention(
+        f"left-open:{id(session)}",
+        f"region {record.role}/{record.stage} of step {session.step} stayed open after its step "
+        f"ended (a suspended generator?){later}: what ran meanwhile landed in its trace {where}",
+    )
 
 
 ENGINE = Engine()

@@ -117,6 +117,7 @@ class TraceWriter:
             world_size=name.world_size,
             discrete=not session.fused,
             path=None,
+            occurrence=session.occurrence,
             wall_s=session.wall_s,
             start_s=session.start_s,
             stop_s=session.stop_s,

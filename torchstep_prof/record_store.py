@@ -7,11 +7,13 @@ Records are process-wide (one profiler per process), so the store is guarded by 
 from __future__ import annotations
 
 import threading
-from typing import Optional, Tuple, Union
+from typing import Iterable, Optional, Tuple, Union
 
 import attrs
 
 __all__ = ["HookRecord", "ProfilingCosts", "ProfilingRecords", "TraceRecord", "records"]
+
+MAX_MISSED_RANGES = 20  # missed steps listed as ranges; more are counted (the summary is one line)
 
 
 @attrs.frozen(kw_only=True)
@@ -92,7 +94,11 @@ class ProfilingRecords:
     traces: Tuple[TraceRecord, ...] = ()
     hooks: Tuple[HookRecord, ...] = ()
     costs: ProfilingCosts = ProfilingCosts()
-    missed_steps: Tuple[int, ...] = ()  # steps a finite schedule selected that never ran
+    # Steps a finite schedule selected that never ran, as sorted ``(first, last)`` ranges
+    # (``((3, 999999),)``: steps 3 to 999999); at most 20 ranges, the steps beyond them counted
+    # in ``missed_steps_unlisted`` (a cycle that repeats a million times misses a million ranges).
+    missed_steps: Tuple[Tuple[int, int], ...] = ()
+    missed_steps_unlisted: int = 0
     # What needs the user's attention, one line each (a region left open across steps, a step
     # entered again after its hook ran, ...): printed under the summary table.
     attention: Tuple[str, ...] = ()
@@ -107,7 +113,8 @@ class _RecordStore:
         self._traces: list[TraceRecord] = []
         self._hooks: list[HookRecord] = []
         self._costs: dict[str, float] = {}
-        self._missed: set[int] = set()
+        self._missed: list[tuple[int, int]] = []
+        self._missed_unlisted = 0
         self._attention: dict[str, str] = {}  # key -> line; one line per key, first wins
 
     def add_trace(self, record: TraceRecord) -> None:
@@ -125,9 +132,19 @@ class _RecordStore:
             for field, value in seconds.items():
                 costs[field] = costs.get(field, 0.0) + value
 
-    def add_missed_steps(self, steps: set[int] | frozenset[int]) -> None:
+    def add_missed_steps(self, ranges: Iterable[tuple[int, int]], unlisted: int = 0) -> None:
+        """Add selected steps that never ran: ``(first, last)`` ranges, and a count of more."""
         with self._lock:
-            self._missed |= steps
+            merged: list[tuple[int, int]] = []
+            for first, last in sorted([*self._missed, *ranges]):
+                if merged and first <= merged[-1][1] + 1:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+                else:
+                    merged.append((first, last))
+            for first, last in merged[MAX_MISSED_RANGES:]:
+                unlisted += last - first + 1
+            self._missed = merged[:MAX_MISSED_RANGES]
+            self._missed_unlisted += unlisted
 
     def add_attention(self, key: str, line: str) -> None:
         """Note something the summary must point out; ``key`` keeps a repeated cause to one line."""
@@ -140,7 +157,8 @@ class _RecordStore:
                 traces=tuple(self._traces),
                 hooks=tuple(self._hooks),
                 costs=ProfilingCosts(**self._costs),
-                missed_steps=tuple(sorted(self._missed)),
+                missed_steps=tuple(self._missed),
+                missed_steps_unlisted=self._missed_unlisted,
                 attention=tuple(self._attention.values()),
             )
 
@@ -150,6 +168,7 @@ class _RecordStore:
             self._hooks.clear()
             self._costs.clear()
             self._missed.clear()
+            self._missed_unlisted = 0
             self._attention.clear()
 
 

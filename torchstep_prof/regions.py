@@ -10,6 +10,7 @@ from __future__ import annotations
 from threading import get_ident as _get_ident
 from typing import Any, Callable, Optional, TypeVar
 
+from . import open_blocks as _open_blocks
 from ._wrapping import around_each_call
 from .engine import _RANGE_NAMES, CURRENT_STEP, ENGINE, range_name
 from .session import NESTED_FAST_PATH as _NESTED
@@ -18,7 +19,7 @@ from .naming import sanitize_label
 from .scopes import _ROOT, _STACK, current_frame
 from .selection import StepAction
 
-__all__ = ["profile_region", "profiled", "step"]
+__all__ = ["begin_step", "end_step", "profile_region", "profiled", "step"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _NONE = StepAction.NONE
@@ -128,14 +129,15 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
 
 
 class step:
-    """Mark training step ``number`` (from 1); regions inside belong to it.
+    """Mark training step ``number`` (an integer >= 0); regions inside belong to it.
 
     In fused mode (``configure(discrete=False)``) a selected step's block owns one trace holding
     every region inside it. The block of the last step a finite schedule selects also runs the
-    finish hook on exit.
+    finish hook on exit. A cycle schedule counts from step 1; step 0 is profiled only when an
+    explicit list names it. Without a ``with`` block, see :func:`begin_step`.
 
     >>> import torchstep_prof as tsp
-    >>> for n in range(1, 3):
+    >>> for n in range(0, 3):
     ...     with tsp.step(n):
     ...         pass
     """
@@ -143,11 +145,18 @@ class step:
     __slots__ = ("number", "frame", "action", "skip_frame", "_token", "_owned")
 
     def __init__(self, number: int) -> None:
-        if not isinstance(number, int) or isinstance(number, bool) or number < 1:
-            raise ValueError(f"step number must be an integer >= 1 (got {number!r})")
+        if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+            raise ValueError(f"step number must be an integer >= 0 (got {number!r})")
         self.number = number
 
     def __enter__(self) -> step:
+        self._begin()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._end(exc_type, exc, tb)
+
+    def _begin(self) -> None:
         frame = current_frame()
         self.frame = frame
         self._owned = None
@@ -156,20 +165,65 @@ class step:
         # Regions of a skipped step return at once, except in the first steps a schedule sees:
         # those take the full path once, so a bad label fails early, not on a profiled step.
         self.skip_frame = frame if self.action is _NONE and frame.labels_seen_enough() else None
+        if ENGINE.session is not None:
+            ENGINE.step_began_in_trace(self.number)
         self._token = CURRENT_STEP.set(self)
-        if self.action is not _NONE and not frame.config.discrete:
-            self._owned = ENGINE.enter_step(frame, self.number, self.action)
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
+            if self.action is not _NONE and not frame.config.discrete:
+                self._owned = ENGINE.enter_step(frame, self.number, self.action)
+        except BaseException:  # KeyboardInterrupt while the profiler starts: nothing stays set
+            CURRENT_STEP.reset(self._token)
+            raise
+
+    def _end(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        # The block's exit; also end_step's, a scope's exit's and interpreter exit's for a begun step.
+        try:
+            if ENGINE.session is not None:
+                ENGINE.step_ending(self)
             if self._owned is not None:
                 self._owned.__exit__(exc_type, exc, tb)
         finally:
             self._owned = None
-            CURRENT_STEP.reset(self._token)
+            try:
+                CURRENT_STEP.reset(self._token)
+            except ValueError:  # ended from another context (its scope's exit, interpreter exit)
+                pass
             if not self.frame.idle:
                 ENGINE.step_exited(self.frame, self.number)
+
+
+def begin_step(number: int) -> None:
+    """Begin training step ``number``, as ``with step(number):`` would, without a ``with``
+    block: for loops and framework callbacks. Equivalent to the block in every respect.
+
+    A step begun here ends at :func:`end_step`, at the next ``begin_step`` (so a loop may call
+    only ``begin_step``), when the scope that was innermost here exits (an exception leaving
+    the loop included), or at interpreter exit. Each thread and asyncio task has its own.
+
+    >>> import torchstep_prof as tsp
+    >>> iter_num = 0
+    >>> while iter_num < 3:
+    ...     tsp.begin_step(iter_num)
+    ...     iter_num += 1
+    >>> tsp.end_step()
+    """
+    block = step(number)  # a bad number raises here, leaving the open step as it was
+    previous = _open_blocks.begun()
+    if previous is not None and _open_blocks.claim(previous):
+        previous._end(None, None, None)
+    block._begin()
+    _open_blocks.opened(block)
+
+
+def end_step() -> None:
+    """End the step this thread or task began with :func:`begin_step`; nothing if none is open.
+
+    >>> import torchstep_prof as tsp
+    >>> tsp.begin_step(1); tsp.end_step(); tsp.end_step()
+    """
+    block = _open_blocks.begun()
+    if block is not None and _open_blocks.claim(block):
+        block._end(None, None, None)
 
 
 def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:

@@ -21,7 +21,8 @@ from ._scope_fields import evolve_checked
 from ._wrapping import around_each_call
 from .config import FinishHookConfig, ProfilerConfig, ScheduleConfig
 from .errors import ConfigError, Problem
-from .selection import StepAction, rank_selected, step_action
+from .missed_steps import ScheduleScope
+from .selection import StepAction, explicit_steps, rank_selected, step_action
 from .topology import current_topology, default_group
 
 __all__ = [
@@ -101,16 +102,21 @@ class HookScope:
 class Frame:
     """One entry of the scope stack (kept small: regions read ``idle`` on every entry)."""
 
-    __slots__ = ("config", "idle", "disabled", "hook_scope", "explicit_steps", "_rank_cache", "_label_check_steps")
+    __slots__ = (
+        "config", "idle", "disabled", "hook_scope", "explicit_steps", "schedule_scope", "_rank_cache",
+        "_label_check_steps",
+    )  # fmt: skip
 
     def __init__(self, config: ProfilerConfig, hook_scope: Optional[HookScope]) -> None:
         self.config = config
+        # The steps run under the scope that introduced this schedule (set by _frame_for).
+        self.schedule_scope: Optional[ScheduleScope] = None
         self.disabled = not config.enable
         # Nothing can be profiled under this frame: regions return at once.
         self.idle = self.disabled or config.schedule is None
         self.hook_scope = hook_scope
         schedule = config.schedule
-        self.explicit_steps = frozenset(schedule.steps) if schedule and schedule.steps is not None else None
+        self.explicit_steps = explicit_steps(schedule.steps) if schedule and schedule.steps is not None else None
         self._rank_cache: Optional[tuple[Any, bool]] = None
         self._label_check_steps = 2
 
@@ -162,6 +168,7 @@ class _RootFrame(Frame):
     def resolve(self) -> Frame:
         resolved = _frame_for(ProfilerConfig(), parent=None, sets_hook=False)
         Frame.__init__(self, resolved.config, resolved.hook_scope)
+        self.schedule_scope = resolved.schedule_scope
         return self
 
 
@@ -180,6 +187,13 @@ def current_frame() -> Frame:
         _ROOT.resolve()
         _ROOT_RESOLVED = True
     return frame
+
+
+def frame_if_read() -> Optional[Frame]:
+    """The innermost frame, or None while it is the root frame and the environment is unread
+    (at interpreter exit: reading it then could only raise)."""
+    frame = _STACK.get(_ROOT)
+    return None if frame is _ROOT and not _ROOT_RESOLVED else frame
 
 
 def reset_root() -> None:
@@ -217,7 +231,9 @@ def _frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: 
         hook_scope = HookScope(config, parent_hook)
     else:
         hook_scope = parent_hook
-    return Frame(config, hook_scope)
+    frame = Frame(config, hook_scope)
+    frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)
+    return frame
 
 
 # The entries of _Scope objects in this context (scope, its entered manager), innermost last:

@@ -1,15 +1,32 @@
-"""Which steps and ranks are profiled: pure functions of the config, testable without torch."""
+"""Which steps and ranks are profiled: pure functions of the config, testable without torch.
+
+Step numbers start at 0. An explicit list may hold any of them; torch.profiler's cycle counts
+from step 1 (step 1 is its first step), so a step 0 is selected only by an explicit list. Every
+function here costs the same whatever the schedule's size (``active=30_000_000``,
+``repeat=0``): the cycle is arithmetic, never a list of its steps.
+"""
 
 from __future__ import annotations
 
+import bisect
 import enum
 import functools
 import itertools
-from typing import Optional, Sequence
+import operator
+from typing import Container, Iterator, Optional, Sequence
 
 from .config import ScheduleConfig
 
-__all__ = ["StepAction", "last_selected_step", "rank_selected", "selected_steps", "step_action"]
+__all__ = [
+    "StepAction",
+    "count_selected",
+    "explicit_steps",
+    "last_selected_step",
+    "rank_selected",
+    "selected_ranges",
+    "sorted_steps",
+    "step_action",
+]
 
 
 class StepAction(enum.IntEnum):
@@ -20,22 +37,54 @@ class StepAction(enum.IntEnum):
     RECORD = 2
 
 
-@functools.lru_cache(maxsize=64)
-def _explicit(steps: tuple[int, ...]) -> frozenset[int]:
-    return frozenset(steps)
+_SET_LIMIT = 4096  # explicit lists up to this long are a set; longer ones a sorted tuple
+
+
+class _SortedSteps:
+    """A long explicit list as a sorted tuple: membership by bisection, without a set of
+    millions of entries (a 1M-step set alone would cost ~32 MB)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: tuple[int, ...]) -> None:
+        self.steps = steps
+
+    def __contains__(self, step: object) -> bool:
+        steps = self.steps
+        i = bisect.bisect_left(steps, step)  # type: ignore[arg-type]
+        return i < len(steps) and steps[i] == step
+
+
+@functools.lru_cache(maxsize=16)
+def sorted_steps(steps: tuple[int, ...]) -> tuple[int, ...]:
+    """An explicit list in order (the list itself when it already is: no copy)."""
+    if all(map(operator.lt, steps, itertools.islice(steps, 1, None))):  # C loops: no copy
+        return steps
+    return tuple(sorted(steps))
+
+
+@functools.lru_cache(maxsize=16)
+def explicit_steps(steps: tuple[int, ...]) -> Container[int]:
+    """What ``step in ...`` reads for an explicit list: a set, or for a long list the sorted
+    steps searched by bisection (memory stays that of the list itself)."""
+    if len(steps) <= _SET_LIMIT:
+        return frozenset(steps)
+    return _SortedSteps(sorted_steps(steps))
 
 
 def step_action(schedule: Optional[ScheduleConfig], step: int) -> StepAction:
-    """The action for 1-based ``step`` under ``schedule`` (torch.profiler's cycle semantics).
+    """The action for ``step`` under ``schedule`` (torch.profiler's cycle, counted from step 1).
 
     >>> s = ScheduleConfig(skip_first=1, wait=1, warmup=1, active=2, repeat=2)
-    >>> [n for n in range(1, 13) if step_action(s, n) is StepAction.RECORD]
+    >>> [n for n in range(0, 13) if step_action(s, n) is StepAction.RECORD]
     [4, 5, 8, 9]
+    >>> step_action(ScheduleConfig(steps=(0, 3)), 0)
+    <StepAction.RECORD: 2>
     """
     if schedule is None:
         return StepAction.NONE
     if schedule.steps is not None:
-        return StepAction.RECORD if step in _explicit(schedule.steps) else StepAction.NONE
+        return StepAction.RECORD if step in explicit_steps(schedule.steps) else StepAction.NONE
     index = step - 1 - schedule.skip_first
     if index < 0:
         return StepAction.NONE
@@ -68,27 +117,80 @@ def last_selected_step(schedule: Optional[ScheduleConfig]) -> Optional[int]:
     return schedule.skip_first + cycle * schedule.repeat
 
 
-def selected_steps(schedule: Optional[ScheduleConfig], upto: int) -> list[int]:
-    """The steps in ``1..upto`` that ``schedule`` records, in order.
-
-    >>> selected_steps(ScheduleConfig(wait=1, active=2, repeat=0), 9)
-    [2, 3, 5, 6, 8, 9]
-    """
-    if schedule is None:
-        return []
+def _recorded_upto(schedule: ScheduleConfig, last: int) -> int:
+    """How many steps in ``0..last`` the schedule records."""
+    if last < 0:
+        return 0
     if schedule.steps is not None:
-        return sorted(n for n in schedule.steps if n <= upto)
+        return bisect.bisect_right(sorted_steps(schedule.steps), last)
+    index = last - schedule.skip_first  # steps 1..last after the skipped ones
+    if index <= 0:
+        return 0
     cycle = schedule.wait + schedule.warmup + schedule.active
-    first_active = schedule.skip_first + schedule.wait + schedule.warmup + 1
-    found: list[int] = []
-    for cycle_index in itertools.count():
-        if schedule.repeat and cycle_index >= schedule.repeat:
-            break
-        start = first_active + cycle_index * cycle
-        if start > upto:
-            break
-        found.extend(range(start, min(start + schedule.active, upto + 1)))
-    return found
+    if schedule.repeat:
+        index = min(index, cycle * schedule.repeat)
+    cycles, rest = divmod(index, cycle)
+    return cycles * schedule.active + max(0, rest - schedule.wait - schedule.warmup)
+
+
+def count_selected(schedule: Optional[ScheduleConfig], first: int, last: int) -> int:
+    """How many steps in ``first..last`` ``schedule`` records, in constant time for a cycle.
+
+    >>> count_selected(ScheduleConfig(active=30_000_000), 0, 10**9)
+    30000000
+    >>> count_selected(ScheduleConfig(wait=1, active=2, repeat=0), 1, 9)
+    6
+    """
+    if schedule is None or last < first:
+        return 0
+    return _recorded_upto(schedule, last) - _recorded_upto(schedule, first - 1)
+
+
+def selected_ranges(schedule: Optional[ScheduleConfig], first: int, last: int) -> Iterator[tuple[int, int]]:
+    """The steps in ``first..last`` that ``schedule`` records, as ``(first, last)`` ranges in
+    order, made lazily (stop when you have enough: a cycle gives one range per cycle).
+
+    >>> list(selected_ranges(ScheduleConfig(wait=1, active=2, repeat=0), 1, 9))
+    [(2, 3), (5, 6), (8, 9)]
+    >>> list(selected_ranges(ScheduleConfig(active=1_000_000), 3, 10**9))
+    [(3, 1000000)]
+    >>> list(selected_ranges(ScheduleConfig(steps=(0, 1, 2, 5)), 0, 9))
+    [(0, 2), (5, 5)]
+    """
+    if schedule is None or last < first:
+        return
+    if schedule.steps is not None:
+        ordered = sorted_steps(schedule.steps)
+        start = end = None
+        for index in range(bisect.bisect_left(ordered, first), len(ordered)):
+            n = ordered[index]
+            if n > last:
+                break
+            if end is not None and n == end + 1:
+                end = n
+                continue
+            if start is not None:
+                yield start, end  # type: ignore[misc]
+            start = end = n
+        if start is not None:
+            yield start, end  # type: ignore[misc]
+        return
+    idle = schedule.wait + schedule.warmup
+    cycle = idle + schedule.active
+    active, repeat = schedule.active, schedule.repeat
+    if idle == 0:  # back-to-back cycles: one range, however many cycles
+        active, cycle = (active * repeat, active * repeat) if repeat else (last + 1, last + 1)
+        repeat = 1
+    lead = schedule.skip_first + idle + 1  # the first recorded step of cycle 0
+    # The first cycle whose recorded steps reach ``first``, and the last that starts by ``last``.
+    index = max(0, -(-(first - lead - active + 1) // cycle))
+    final = (last - lead) // cycle
+    if repeat:
+        final = min(final, repeat - 1)
+    while index <= final:
+        begin = lead + index * cycle
+        yield max(begin, first), min(begin + active - 1, last)
+        index += 1
 
 
 def rank_selected(ranks: Sequence[int], all_ranks: bool, rank: int) -> bool:

@@ -141,6 +141,13 @@ class TraceSession:
         self.topology = topology
         self.hook_scope = hook_scope
         self.roles: list[str] = [] if role is None else [role]
+        # The k-th trace of this (role, stage) in this step of the process (SPEC: Occurrences),
+        # and, for a region that owns it, the step block it was entered in, whether it was still
+        # open when that block ended, and the steps that began while it was (set by the engine).
+        self.occurrence = 1
+        self.step_block: Any = None
+        self.left_open = False
+        self.later_steps: list[int] = []
         # Regions of the owner's thread are torch ranges; other threads' are ThreadSpans.
         self.owner_thread = threading.get_ident()
         self.started_at = _dt.datetime.now(_dt.timezone.utc)
@@ -265,6 +272,7 @@ class TraceSession:
             "role": self.file_role,
             "stage": self.file_stage,
             "step": self.step,
+            "occurrence": self.occurrence,
             "rank": rank,
             "world_size": world,
             "discrete": not self.fused,

@@ -167,8 +167,8 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         f"start {costs.start_s * 1000:.1f}, stop {costs.stop_s * 1000:.1f}, export {costs.export_s * 1000:.1f}"
         + (f", waiting for node-mates {costs.hook_wait_s * 1000:.0f}" if costs.hook_wait_s else "")
     )
-    if data.missed_steps:
-        lines.append(f"selected but never ran: step(s) {', '.join(map(str, data.missed_steps))}")
+    if data.missed_steps or data.missed_steps_unlisted:
+        lines.append(_missed_line(data))
     lines.extend(data.attention)
     parts: list[Any] = [Text(title)]
     if data.traces:
@@ -178,6 +178,15 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         parts.extend(listed)
     parts.extend(Text(line) for line in lines)
     return Group(*parts)
+
+
+def _missed_line(data: ProfilingRecords) -> str:
+    """``steps 3-999999 never ran``: the selected steps that never ran, as ranges, one line."""
+    ranges = data.missed_steps
+    listed = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+    more = f"{' and' if listed else ''} {data.missed_steps_unlisted} more" if data.missed_steps_unlisted else ""
+    single = len(ranges) == 1 and ranges[0][0] == ranges[0][1] and not more
+    return f"{'step' if single else 'steps'} {listed}{more} never ran (selected by the schedule)"
 
 
 def print_summary(data: ProfilingRecords, console: Console | None = None) -> None:
