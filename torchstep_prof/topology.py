@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional
 
 import attrs
 
+from ._ray_rank import warn_if_ray_actor_without_rank
 from .errors import warn
 
 __all__ = ["Topology", "current_topology"]
@@ -60,6 +61,7 @@ def distributed_initialized() -> bool:
 
 
 def _resolve(group: Any, environ: Mapping[str, str]) -> Topology:
+    warn_if_ray_actor_without_rank(group, environ)
     rank = _env_int(environ, "RANK", 0)
     world_size = _env_int(environ, "WORLD_SIZE", 1)
     if group is not None:
