@@ -1,7 +1,9 @@
 """Rollout, actor and critic workers as Ray actors, each profiling its own role's regions.
 
 Every worker is told its place in the job through RANK / WORLD_SIZE / LOCAL_RANK /
-LOCAL_WORLD_SIZE, set in its runtime_env as verl's workers are: torchstep_prof reads them like
+LOCAL_WORLD_SIZE, set in its environment before anything reads them (here in ``__init__``;
+``Worker.options(runtime_env={"env_vars": {...}})`` works as well, as verl does it, but then
+Ray cannot reuse the worker processes it started ahead): torchstep_prof reads them like
 torchrun's, so traces are named by role and rank, and a per-node finish hook runs once, on local
 rank 0, after every worker of the node has finished profiling. A local cluster, CPU only:
 
@@ -40,7 +42,10 @@ class Worker:
     context), so the finish hook's scope covers every step; ``finish()`` closes them.
     """
 
-    def __init__(self, role: str, save_path: str, steps: list[int], on_finish: Optional[str]) -> None:
+    def __init__(
+        self, role: str, rank_env: dict[str, str], save_path: str, steps: list[int], on_finish: Optional[str]
+    ) -> None:
+        os.environ.update(rank_env)  # first: torchstep_prof reads the rank once, when it first needs it
         torch.manual_seed(0)
         torch.set_num_threads(1)
         self.role = role
@@ -110,12 +115,12 @@ def main() -> None:
         for role, count in ROLES.items():
             for _ in range(count):
                 env = rank_variables(rank, world_size)
-                worker = Worker.options(runtime_env={"env_vars": env})  # type: ignore[attr-defined]
-                workers.setdefault(role, []).append(worker.remote(role, save_path, args.profile_steps, args.on_finish))
+                worker = Worker.remote(role, env, save_path, args.profile_steps, args.on_finish)  # type: ignore[attr-defined]
+                workers.setdefault(role, []).append(worker)
                 rank += 1
         everyone = [w for group in workers.values() for w in group]
         if args.unranked:
-            unranked = Worker.remote("critic", save_path, args.profile_steps, None)  # type: ignore[attr-defined]
+            unranked = Worker.remote("critic", {}, save_path, args.profile_steps, None)  # type: ignore[attr-defined]
             everyone.append(unranked)
             workers["critic"].append(unranked)
         for n in range(1, args.steps + 1):
