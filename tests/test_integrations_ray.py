@@ -74,3 +74,18 @@ def test_actor_without_rank_variables_warns_once_naming_the_fix(run: tuple[subpr
     assert sorted((n.role, n.rank, n.step) for n in map(parse_trace_name, unranked)) == [
         ("critic", 0, 2), ("critic", 0, 2), ("critic", 0, 3), ("critic", 0, 3)
     ]
+
+
+def test_no_warning_outside_ray_actors() -> None:
+    # ray imported, and even initialized in this driver: not an actor, so no word about ranks
+    code = (
+        "import ray, warnings\n"
+        "warnings.simplefilter('error')\n"
+        "from torchstep_prof.topology import current_topology\n"
+        "assert current_topology().rank == 0\n"
+        "print('quiet')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "quiet", out.stderr
+    assert "RANK variable" not in out.stderr

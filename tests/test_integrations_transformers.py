@@ -16,7 +16,8 @@ from tests.trace_helpers import check_trace_file, find_range, profiler_steps, ra
 from torchstep_prof import parse_trace_name
 
 # One subprocess runs three trainings one after the other (transformers takes ~20 s to import
-# here): plain, with gradient accumulation, and one whose training_step raises at step 3. Each
+# here): plain, with gradient accumulation, one whose training_step raises at step 3, and one
+# whose callback is added after the Trainer was made. Each
 # leaves its traces and hook log in a folder of its own.
 SCRIPT = textwrap.dedent(
     """
@@ -54,7 +55,10 @@ SCRIPT = textwrap.dedent(
                        "import os; open(os.environ['HOOK_LOG'], 'a').write(os.environ.get('TORCHSTEP_PROF_TRACES', '') + '\\\\n')"],
                        "wait": True},
         )
-        trainer = Trainer(model=model, args=args, train_dataset=Tokens(), eval_dataset=Tokens(), callbacks=[callback])
+        trainer = Trainer(model=model, args=args, train_dataset=Tokens(), eval_dataset=Tokens(),
+                          callbacks=[] if mode == "late" else [callback])
+        if mode == "late":
+            trainer.add_callback(callback)
         if mode == "raise":
             original = trainer.training_step
             def training_step(model, inputs, *rest, **kw):
@@ -75,7 +79,7 @@ SCRIPT = textwrap.dedent(
             trainer.train()
             print("HOOK-AFTER-TRAIN", mode, open(os.environ["HOOK_LOG"]).read().count("\\n"))
 
-    for mode in ("plain", "accumulate", "raise"):
+    for mode in ("plain", "accumulate", "raise", "late"):
         out = os.path.join(sys.argv[1], mode)
         os.makedirs(out)
         run(out, mode)
@@ -145,3 +149,13 @@ def test_exception_in_train_leaves_nothing_open(runs: tuple[subprocess.Completed
     assert [parse_trace_name(p).step for p in files] == [3]
     check_trace_file(files[0])
     assert _hook_runs(root / "raise") == [str(files[0].resolve())]
+
+
+def test_callback_added_late_still_profiles_and_says_what_it_cannot_guard(
+    runs: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    proc, root = runs
+    assert proc.stderr.count("was added after the Trainer was made") == 1, proc.stderr[-3000:]
+    files = trace_files(root / "late" / "traces")
+    assert sorted(parse_trace_name(p).step for p in files) == [3, 5]
+    assert len(_hook_runs(root / "late")) == 1
