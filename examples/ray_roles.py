@@ -49,7 +49,9 @@ class Worker:
         torch.manual_seed(0)
         torch.set_num_threads(1)
         self.role = role
-        self.model = nn.Sequential(nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, VOCAB))
+        self.model = nn.Sequential(
+            nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, VOCAB)
+        )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.scopes = contextlib.ExitStack()
         self.scopes.enter_context(tsp.schedule(steps=steps))
@@ -91,7 +93,12 @@ class Worker:
 def rank_variables(rank: int, world_size: int) -> dict[str, str]:
     # One node: local ranks are the global ones. On several nodes, number LOCAL_RANK within
     # each node and give LOCAL_WORLD_SIZE the node's worker count, as torchrun does.
-    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)}
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+    }
 
 
 def main() -> None:
@@ -115,7 +122,9 @@ def main() -> None:
         for role, count in ROLES.items():
             for _ in range(count):
                 env = rank_variables(rank, world_size)
-                worker = Worker.remote(role, env, save_path, args.profile_steps, args.on_finish)  # type: ignore[attr-defined]
+                worker = Worker.remote(  # type: ignore[attr-defined]
+                    role, env, save_path, args.profile_steps, args.on_finish
+                )
                 workers.setdefault(role, []).append(worker)
                 rank += 1
         everyone = [w for group in workers.values() for w in group]

@@ -132,3 +132,17 @@ def test_exception_in_fit_leaves_nothing_open(runs: tuple[subprocess.CompletedPr
     assert [parse_trace_name(p).step for p in files] == [3]
     check_trace_file(files[0])
     assert _hook_runs(root / "raise") == [str(files[0].resolve())]
+
+
+def test_bad_arguments_fail_when_the_callback_is_made() -> None:
+    from torchstep_prof import ConfigError
+    from torchstep_prof.integrations.lightning import TorchstepProfCallback
+
+    with pytest.raises(ConfigError) as raised:
+        TorchstepProfCallback(steps=[3], sav_path="/tmp/x", contents=["gpu"])
+    message = str(raised.value)
+    assert "sav_path" in message and "save_path" in message  # the typo, and the likely fix
+    with pytest.raises(ConfigError, match="gpu"):
+        TorchstepProfCallback(steps=[3], contents=["gpu"])
+    with pytest.raises(ConfigError, match="finish_hook"):
+        TorchstepProfCallback(steps=[3], on_finish={"per_node": True})  # no cmd

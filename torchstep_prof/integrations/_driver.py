@@ -13,6 +13,7 @@ import contextlib
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..config import FinishHookConfig
+from ..errors import ConfigError, Problem
 from ..regions import profile_region, step
 from ..scopes import configure, contents, on_finish, ranks, schedule
 
@@ -22,7 +23,7 @@ ROLE = "trainer"
 
 
 def build_scopes(
-    steps: Optional[Sequence[int]],
+    steps: Union[int, Sequence[int], None],
     ranks_arg: Union[int, Sequence[int], None],
     contents_arg: Union[str, Sequence[str], None],
     on_finish_arg: Union[str, Sequence[str], Mapping[str, Any], FinishHookConfig, None],
@@ -40,7 +41,7 @@ def build_scopes(
         fields["discrete"] = False
     scopes: list[contextlib.AbstractContextManager[Any]] = [configure(config, **fields)]
     if steps is not None:
-        scopes.append(schedule(steps=list(steps)))
+        scopes.append(schedule(steps=[steps] if isinstance(steps, int) else list(steps)))
     if ranks_arg is not None:
         scopes.append(ranks(*([ranks_arg] if isinstance(ranks_arg, int) else ranks_arg)))
     if contents_arg is not None:
@@ -49,7 +50,10 @@ def build_scopes(
         scopes.append(configure(finish_hook=on_finish_arg))
     elif isinstance(on_finish_arg, Mapping):
         hook = dict(on_finish_arg)
-        scopes.append(on_finish(hook.pop("cmd", None), **hook))
+        if "cmd" not in hook:
+            required = f"required in on_finish={on_finish_arg!r} (a string or a list)"
+            raise ConfigError([Problem("finish_hook.cmd", required)])
+        scopes.append(on_finish(hook.pop("cmd"), **hook))
     elif on_finish_arg is not None:
         scopes.append(on_finish(on_finish_arg))
     return scopes
