@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional
 
 import attrs
 
+from ._ray_rank import warn_if_ray_actor_without_rank
 from .errors import warn
 
 __all__ = ["Topology", "current_topology"]
@@ -51,6 +52,7 @@ def distributed_initialized() -> bool:
 
 
 def _resolve(group: Any, environ: Mapping[str, str]) -> Topology:
+    warn_if_ray_actor_without_rank(group, environ)
     problems: list[str] = []
     if group is not None:
         import torch.distributed as dist

@@ -1,0 +1,148 @@
+"""Rollout, actor and critic workers as Ray actors, each profiling its own role's regions.
+
+Every worker is told its place in the job through RANK / WORLD_SIZE / LOCAL_RANK /
+LOCAL_WORLD_SIZE, set in its environment before anything reads them (here in ``__init__``;
+``Worker.options(runtime_env={"env_vars": {...}})`` works as well, as verl does it, but then
+Ray cannot reuse the worker processes it started ahead): torchstep_prof reads them like
+torchrun's, so traces are named by role and rank, and a per-node finish hook runs once, on local
+rank 0, after every worker of the node has finished profiling. A local cluster, CPU only:
+
+    python examples/ray_roles.py                             # steps 2 and 3 of 4, into outputs/profile
+    python examples/ray_roles.py --save-path /tmp/prof --on-finish 'ls "$TORCHSTEP_PROF_SAVE_PATH"'
+    python examples/ray_roles.py --unranked                  # one more worker without rank variables:
+                                                             # it warns once, naming the fix
+
+Then: ``torchstep-prof ls outputs/profile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from typing import Any, Optional
+
+import ray
+import torch
+from torch import nn
+
+import torchstep_prof as tsp
+
+VOCAB, HIDDEN, SEQ, BATCH = 64, 32, 12, 8
+# Workers per role, numbered in this order: rank 0, the node's uploader, is an actor worker.
+ROLES = {"actor": 2, "critic": 1, "rollout": 1}
+
+
+@ray.remote(num_cpus=1)
+class Worker:
+    """One role's worker: a tiny real model, its regions, and the scopes it profiles under.
+
+    The scopes stay entered across the driver's calls (Ray runs a threaded actor's calls in one
+    context), so the finish hook's scope covers every step; ``finish()`` closes them.
+    """
+
+    def __init__(
+        self, role: str, rank_env: dict[str, str], save_path: str, steps: list[int], on_finish: Optional[str]
+    ) -> None:
+        os.environ.update(rank_env)  # first: torchstep_prof reads the rank once, when it first needs it
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        self.role = role
+        self.model = nn.Sequential(
+            nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, VOCAB)
+        )
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.scopes = contextlib.ExitStack()
+        self.scopes.enter_context(tsp.schedule(steps=steps))
+        self.scopes.enter_context(tsp.ranks(all_ranks=True))
+        self.scopes.enter_context(tsp.configure(save_path=save_path))
+        if on_finish is not None:
+            # wait=True: the node's upload is over when the driver's last step call returns (the
+            # driver then shuts Ray down, which kills the workers and any hook still running).
+            # The uploader's step waits for its node-mates, so it must not be one the driver
+            # awaits before the others run theirs: here it runs beside them, in the last phase.
+            self.scopes.enter_context(tsp.on_finish(on_finish, per_node=True, node_wait_s=120, wait=True))
+
+    def step(self, n: int, tokens: Optional[torch.Tensor]) -> torch.Tensor:
+        with tsp.step(n):
+            if self.role == "rollout":
+                with tsp.profile_region("rollout", "generate"), torch.no_grad():
+                    tokens = torch.randint(0, VOCAB, (BATCH, 4))
+                    while tokens.shape[1] < SEQ:
+                        probs = torch.softmax(self.model(tokens)[:, -1], -1)
+                        tokens = torch.cat([tokens, torch.multinomial(probs, 1)], dim=1)
+                return tokens
+            assert tokens is not None
+            with tsp.profile_region(self.role, "forward"), torch.no_grad():
+                self.model(tokens)
+            with tsp.profile_region(self.role, "update"):
+                logits = self.model(tokens[:, :-1])
+                loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+            return tokens
+
+    def finish(self) -> list[str]:
+        """Close the scopes and list the traces this worker wrote."""
+        self.scopes.close()
+        return [t.path for t in tsp.records().traces if t.ok]
+
+
+def rank_variables(rank: int, world_size: int) -> dict[str, str]:
+    # One node: local ranks are the global ones. On several nodes, number LOCAL_RANK within
+    # each node and give LOCAL_WORLD_SIZE the node's worker count, as torchrun does.
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4, help="training steps the driver runs (default 4)")
+    parser.add_argument("--profile-steps", type=int, nargs="+", default=[2, 3], help="steps to profile (default 2 3)")
+    parser.add_argument("--save-path", default="outputs/profile", help="where traces go (default outputs/profile)")
+    parser.add_argument("--on-finish", default='echo "node done: $(ls "$TORCHSTEP_PROF_SAVE_PATH" | wc -l) trace(s)"',
+                        help="per-node finish hook command (run by /bin/sh on local rank 0)")
+    parser.add_argument("--unranked", action="store_true", help="also start a worker without rank variables")
+    args = parser.parse_args()
+    save_path = os.path.abspath(args.save_path)
+
+    world_size = sum(ROLES.values())
+    started = time.monotonic()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # offline: no usage report
+    ray.init(num_cpus=world_size + 1, include_dashboard=False, configure_logging=False, log_to_driver=True)
+    try:
+        workers: dict[str, list[Any]] = {}
+        rank = 0
+        for role, count in ROLES.items():
+            for _ in range(count):
+                env = rank_variables(rank, world_size)
+                worker = Worker.remote(  # type: ignore[attr-defined]
+                    role, env, save_path, args.profile_steps, args.on_finish
+                )
+                workers.setdefault(role, []).append(worker)
+                rank += 1
+        everyone = [w for group in workers.values() for w in group]
+        if args.unranked:
+            unranked = Worker.remote("critic", {}, save_path, args.profile_steps, None)  # type: ignore[attr-defined]
+            everyone.append(unranked)
+            workers["critic"].append(unranked)
+        for n in range(1, args.steps + 1):
+            tokens = ray.get([w.step.remote(n, None) for w in workers["rollout"]])[0]
+            ray.get([w.step.remote(n, tokens) for role in ("actor", "critic") for w in workers[role]])
+            print(f"step {n} done")
+        written = [path for paths in ray.get([w.finish.remote() for w in everyone]) for path in paths]
+    finally:
+        ray.shutdown()
+    print(f"{len(written)} trace(s) in {save_path} ({time.monotonic() - started:.0f} s)")
+    for path in sorted(written):
+        print(" ", os.path.basename(path))
+
+
+if __name__ == "__main__":
+    main()
