@@ -1,27 +1,49 @@
-# The two commands of the README. Each sets up .venv on first use (torch 2.13.0 first: a bare
-# `torch` would pull a multi-GB CUDA build), then runs.
+# The commands of the README. Each sets up .venv on first use, then runs. torch 2.13.0 goes in
+# first and is pinned by a constraints file for everything after it: a bare `torch`, or a
+# framework allowed to "upgrade" it, would pull a multi-GB CUDA build.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip install -q -c $(VENV)/constraints.txt
+BASE := $(VENV)/.installed
+FULL := $(VENV)/.installed-extras
+# The framework versions the integration tests run against (the extras in setup.cfg are ranges).
+FRAMEWORKS := transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 ray==2.60.0 plotly==7.1.0
 
-.PHONY: example test bench clean
+.PHONY: example report test bench browser clean
 
-$(STAMP): setup.cfg setup.py
+$(BASE): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	echo "torch==2.13.0" > $(VENV)/constraints.txt
+	$(PIP) torch==2.13.0 numpy
+	$(PIP) -e '.[test]'
+	touch $(BASE)
 
-example: $(STAMP)
+# The extras the test suite exercises: report (plotly), transformers, lightning, ray.
+$(FULL): $(BASE)
+	$(PIP) -e '.[test,report,transformers,lightning,ray]' $(FRAMEWORKS)
+	touch $(FULL)
+
+example: $(BASE)
 	$(BIN)/python examples/rl_step.py
 
-test: $(STAMP)
+report: $(FULL)
+	$(BIN)/python examples/rl_step.py
+	$(BIN)/torchstep-prof report outputs/profile -o outputs/report.html
+
+# Headless Chromium for the report's browser tests: installed through apt-get when running as
+# root (CI); elsewhere those tests skip, saying so.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "chromium is not installed: the report's browser tests will be skipped"
+
+test: $(FULL) browser
 	$(BIN)/python -m pytest
 
-bench: $(STAMP)
+bench: $(BASE)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) outputs .pytest_cache .hypothesis *.egg-info report.html
