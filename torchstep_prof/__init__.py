@@ -47,6 +47,7 @@ _EXPORTS = {
     "contents": "scopes",
     "dump_config": "config_files",
     "effective_config": "scopes",
+    "flush": "background",
     "from_dict": "converter",
     "load_config": "config_files",
     "on_finish": "scopes",
@@ -109,6 +110,7 @@ _warm_up_for_the_environment()
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .config import CONTENT_NAMES, FinishHookConfig, ProfilerConfig, ScheduleConfig
+    from .background import flush
     from .config_files import dump_config, load_config
     from .converter import from_dict, to_dict
     from .errors import (

@@ -256,6 +256,10 @@ class TraceSession:
     def profile(self) -> Optional[profile]:
         return self._profile
 
+    def release(self) -> None:
+        """Drop torch's results once the trace is written (they hold every event)."""
+        self._profile = None
+
     def _add_metadata(self, prof: profile) -> None:
         rank, world = self.topology.rank, self.topology.world_size
         if not distributed_initialized():
