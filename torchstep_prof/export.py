@@ -222,7 +222,7 @@ class TraceWriter:
             final_name = build_trace_name(name)
             target = self._free_target(folder, final_name)
             try:
-                size = finish_tail(raw_path, target, session.spans)
+                size = finish_tail(raw_path, os.path.abspath(target), session.spans)
             except TraceTailError as exc:
                 raise _ExportFailed(str(exc)) from None
             export_s = time.perf_counter() - t0
@@ -293,7 +293,7 @@ class TraceWriter:
             if compress:
                 remove(source)
             try:
-                size = set_trace_name(raw_path, target)
+                size = set_trace_name(raw_path, os.path.abspath(target))
             except TraceTailError as exc:
                 raise _ExportFailed(str(exc)) from None
 
