@@ -333,7 +333,10 @@ class TraceWriter:
         final = attrs.evolve(record, path=path, size_bytes=size, export_s=export_s)
         STORE.add_costs(export_s=final.export_s)
         STORE.add_trace(final)
-        on_written(final)
+        try:
+            on_written(final)
+        except Exception as exc:  # the file is written and recorded: report, do not fail it
+            warn(f"torchstep_prof: after writing {path}: {exc!r}", TraceWriteWarning, stacklevel=2)
 
     def _fail(self, record: TraceRecord, error: str, t0: float, raw_path: Optional[str] = None) -> None:
         if raw_path is not None:
