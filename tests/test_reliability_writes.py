@@ -6,6 +6,7 @@ process on the same host that writes into the folder."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -259,8 +260,6 @@ def test_ctrl_c_while_waiting_for_the_writer_loses_no_trace_and_lists_none_unfin
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    import json
-
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome["caught"], "no Ctrl-C reached the training loop"
     assert "flush" in outcome["caught"], outcome  # at least one while waiting for the writer

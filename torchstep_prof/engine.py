@@ -71,7 +71,7 @@ class Engine:
         self.session: Optional[TraceSession] = None  # the trace recording now, if any
         # A thread is starting or stopping torch's profiler (under self.lock): Kineto crashes
         # when one thread starts a profiler while another stops one. (Exporting a stopped one
-        # on the writer thread meanwhile is safe: changes/writer.readme.md.)
+        # on the writer thread meanwhile is safe: see export.py.)
         self._busy = False
         self.writer = TraceWriter()
         self.forked = False

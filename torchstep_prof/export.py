@@ -2,8 +2,9 @@
 
 The block that ends a trace only stops torch's profiler and hands the session to
 :meth:`TraceWriter.write`; one writer thread per process then exports the JSON (torch's
-``export_chrome_trace`` of the stopped results, which runs safely while a new profiler records:
-see changes/writer.readme.md, "Known torch behaviours"), finishes its tail (other threads' spans,
+``export_chrome_trace`` of the stopped results, which releases the GIL and runs safely while a
+new profiler starts, records and stops: tests/workers/export_while_recording.py proves it under
+threads, asyncio and repeated windows), finishes its tail (other threads' spans,
 ``traceName``), compresses it, and gives it its name. Files are written in the order the traces
 ended. When more than :data:`MAX_PENDING` traces wait, the next trace end waits for the writer,
 so memory stays bounded. :meth:`TraceWriter.flush` waits for every trace ended so far; the scope
