@@ -9,7 +9,10 @@ Each window runs many small ops (an in-place add on a small tensor) so that its 
   handed to the writer). The writer is then waited for (not timed), so its export never
   overlaps the next sample.
 - torch: a hand-written ``torch.profiler.profile`` with the same activities, started before the
-  same ops; the time of its ``stop()`` alone.
+  same ops; the time of its ``stop()`` alone (its results are then freed, untimed).
+
+On a shared 2-core machine the per-round ratios spread widely (0.4x-2x): read the median of a
+full run, not a ``--quick`` one.
 """
 
 from __future__ import annotations
@@ -73,7 +76,12 @@ def run(quick: bool = False) -> Report:
             ops(n)
             t0 = time.perf_counter()
             prof.stop()
-            return time.perf_counter() - t0
+            blocked = time.perf_counter() - t0
+            # Not timed: free torch's results now, as the writer does once a trace is written
+            # (the profile object sits in a reference cycle: left alone, its results would
+            # weigh on the next samples until a garbage collection).
+            prof.profiler.kineto_results = None
+            return blocked
 
         return sample
 
