@@ -93,7 +93,7 @@ def run(quick: bool = False) -> Report:
             bytes_per_op = calibration[-1] / 2000
             for mb in SIZES_MB:
                 n = max(100, int(mb * 1e6 / bytes_per_op))
-                rounds = (3 if quick else 12) if mb < 10 else (2 if quick else 4)
+                rounds = (6 if quick else 30) if mb < 10 else (2 if quick else 4)
                 sizes: list[int] = []
                 samples = interleave({"torch": torch_stop(n), "tsp": ours(n, sizes)}, rounds, warmup=1)
                 report.add(stat(f"{mb} MB: torch stop()", samples["torch"], note=f"{n} ops, reference"))
