@@ -3,10 +3,11 @@ training thread; target: a gz trace blocks no more than 1.1x a plain JSON one).
 
 A 20-step window (the MLP step of ``bench_profiled_step`` run 20 times inside one owning
 region, ~1 MB of JSON) is recorded, and the time from the last statement inside the ``with``
-to the statement after it is measured: the owner's exit (stop, metadata, export, naming). With
-``gzip=True`` the compression runs on a background thread; each round is its own
-``tsp.configure`` scope, whose exit waits for pending files, so one round's compression does not
-overlap the next round's measurement (that wait is printed, not part of the target).
+to the statement after it is measured: the owner's exit (torch's stop and the hand-off to the
+background writer, which exports, compresses and names the file). Each round is its own
+``tsp.configure`` scope, whose exit waits for pending files, so one round's writing does not
+overlap the next round's measurement (the gzip wait is printed, not part of the target).
+``bench_trace_end.py`` compares the exit with torch's own ``stop()``.
 
 References: torch's own ``prof.stop()`` + ``export_chrome_trace(".json")`` and
 ``export_chrome_trace(".json.gz")`` (level 9 on the calling thread) on the same window.

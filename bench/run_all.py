@@ -30,6 +30,7 @@ SCRIPTS = (
     "bench_nested_range",
     "bench_profiled_step",
     "bench_export",
+    "bench_trace_end",
     "bench_import",
     "bench_first_region",
     "bench_cli",

@@ -155,6 +155,7 @@ def test_a_failed_export_leaves_no_partial_file(save_dir, monkeypatch, caught_wa
             patch.setattr(torch.profiler.profile, "export_chrome_trace", half_export)
             for n in (1, 2):
                 region("actor", "update", step=n)
+            tsp.flush()  # the writer thread exports while the patch is in force
         assert len(of_category(caught_warnings, TraceWriteWarning)) == 1
         assert [r.ok for r in tsp.records().traces] == [False, False]
         assert everything_under(save_dir) == []  # no partial file, no scratch folder
@@ -339,6 +340,7 @@ def test_a_save_path_removed_between_traces_is_created_again(tmp_path):
     with tsp.configure(save_path=str(folder), summary=False), tsp.schedule(steps=[1, 2]):
         with tsp.step(1), tsp.profile_region("actor", "update"):
             pass
+        tsp.flush()  # as before a finish hook starts
         shutil.rmtree(folder)  # an upload hook that ships and cleans the folder, say
         with tsp.step(2), tsp.profile_region("actor", "update"):
             pass

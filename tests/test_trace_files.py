@@ -146,13 +146,16 @@ def test_a_name_that_would_collide_gets_part_suffixes(save_dir, monkeypatch, gzi
     assert len(ids) == 4
 
 
-def test_plain_json_is_on_disk_when_the_owning_region_exits(save_dir):
-    with tsp.schedule(steps=[1]):
-        region()
+def test_plain_json_is_on_disk_when_flush_returns_and_when_the_scope_exits(save_dir):
+    with tsp.schedule(steps=[1, 2]):
+        region(step=1)
+        assert tsp.flush() is True
         [path] = trace_files(save_dir)  # still inside the scope
         assert path.name.endswith(".json")
         check_trace_file(path)
-    assert [p.name for p in everything_under(save_dir)] == [path.name]  # no scratch folder left
+        region(step=2)
+    assert len(trace_files(save_dir)) == 2  # the scope's exit waited for the second write
+    assert everything_under(save_dir) == trace_files(save_dir)  # no scratch or temporary file
 
 
 def test_gzip_files_are_valid_gzip_json_on_disk_when_the_scope_exits(save_dir):

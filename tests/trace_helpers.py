@@ -118,7 +118,8 @@ def check_trace_file(path: str | os.PathLike[str]) -> Trace:
     - ``distributedInfo`` holds the rank and world size of the name;
     - the top-level ``torchstep_prof`` object repeats role, stage, step, rank and world size, and
       holds ``discrete`` and the ``occurrence`` (from 1);
-    - exactly one ``ProfilerStep#<n>`` row, ``n`` the step of the name.
+    - exactly one ``ProfilerStep#<n>`` row, ``n`` the step of the name;
+    - ``traceName`` is the file's own absolute path.
     """
     path = Path(path)
     assert re.fullmatch(TRACE_NAME_PATTERN, path.name), f"{path.name!r} does not match the name grammar"
@@ -144,6 +145,9 @@ def check_trace_file(path: str | os.PathLike[str]) -> Trace:
     assert isinstance(occurrence, int) and occurrence >= 1, f"{path.name}: occurrence {occurrence!r}"
     step_rows = [e["name"] for e in profiler_steps(trace)]
     assert step_rows == [f"ProfilerStep#{name.step}"], f"{path.name}: ProfilerStep rows {step_rows}"
+    trace_name = trace.get("traceName")
+    assert isinstance(trace_name, str) and os.path.isabs(trace_name), f"{path.name}: traceName {trace_name!r}"
+    assert os.path.realpath(trace_name) == os.path.realpath(path), f"{path.name}: traceName {trace_name!r}"
     return trace
 
 

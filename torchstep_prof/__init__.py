@@ -49,6 +49,7 @@ _EXPORTS = {
     "dump_config": "config_files",
     "effective_config": "scopes",
     "end_step": "regions",
+    "flush": "background",
     "from_dict": "converter",
     "load_config": "config_files",
     "on_finish": "scopes",
@@ -111,6 +112,7 @@ _warm_up_for_the_environment()
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .config import CONTENT_NAMES, FinishHookConfig, ProfilerConfig, ScheduleConfig
+    from .background import flush
     from .config_files import dump_config, load_config
     from .converter import from_dict, to_dict
     from .errors import (

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
+from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, TraceWriteWarning, warn
 from .naming import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
 from . import open_blocks
@@ -77,8 +77,9 @@ class Engine:
         self._idle = threading.Condition(self.lock)  # notified when _busy clears
         self.session: Optional[TraceSession] = None  # the trace recording now, if any
         self._owner: Optional[_OwnedTrace] = None  # what stops it (interpreter exit may have to)
-        # A thread is starting, stopping or exporting torch's profiler (under self.lock): Kineto
-        # crashes when one thread starts a profiler while another stops one.
+        # A thread is starting or stopping torch's profiler (under self.lock): Kineto crashes
+        # when one thread starts a profiler while another stops one. (Exporting a stopped one
+        # on the writer thread meanwhile is safe: see export.py.)
         self._busy = False
         self._stopping = False  # a thread is stopping and writing the last trace
         self.writer = TraceWriter()
@@ -262,10 +263,12 @@ class Engine:
         return owner
 
     def stop_session(self, session: TraceSession) -> None:
-        """Stop ``session`` (always), then write it when its step records. Never raises."""
+        """Stop ``session`` (always), then hand it to the background writer when its step
+        records. Only torch's ``stop()`` runs here; the export runs on the writer thread. Never
+        raises, except a KeyboardInterrupt (the trace is then still written or recorded)."""
         with self.lock:
             # Unpublished before torch stops: no new range is opened into a stopping trace, and
-            # no other thread starts a profiler until this one is stopped and exported.
+            # no other thread starts a profiler until this one is stopped.
             if self.session is session:
                 self.session = self._owner = None
                 NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None
@@ -275,26 +278,31 @@ class Engine:
                 session.stop()
             finally:
                 STORE.add_costs(start_s=session.start_s, stop_s=session.stop_s)
-            if session.action is StepAction.RECORD:
-                hook_scope: Optional[HookScope] = session.hook_scope
-                roles = session.file_roles
-
-                def on_written(record: TraceRecord) -> None:
-                    if hook_scope is not None and record.path is not None:
-                        hook_scope.add_trace(record.path, roles)
-                    if session.left_open:
-                        _report_left_open(session, record)
-
-                self.writer.write(session, on_written)
+                self._set_idle()  # the export runs beside the next profiler: see export.py
+                if session.action is StepAction.RECORD:
+                    # Also after a KeyboardInterrupt inside stop(): what was recorded is written,
+                    # or its failure recorded, never dropped silently.
+                    self._queue_write(session)
+                with self.lock:  # queued first: a hook started now waits for this write
+                    self._stopping = False
+                    deferred, self._deferred_finishes = self._deferred_finishes, []
+                # Hooks deferred while this trace recorded: their threads wait for its write.
+                for scope, where in deferred:
+                    self._start_hook(scope, where)
         except Exception as exc:  # never let profiling replace the user's exception or result
             self._warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", TorchstepProfWarning)
-        finally:
-            with self.lock:
-                self._stopping = False
-                deferred, self._deferred_finishes = self._deferred_finishes, []
-            self._set_idle()
-            for scope, where in deferred:
-                self._start_hook(scope, where)
+
+    def _queue_write(self, session: TraceSession) -> None:
+        hook_scope: Optional[HookScope] = session.hook_scope
+        roles = session.file_roles
+
+        def on_written(record: TraceRecord) -> None:  # on the writer thread, once the file is final
+            if hook_scope is not None and record.path is not None:
+                hook_scope.add_trace(record.path, roles)
+            if session.left_open:
+                _report_left_open(session, record)
+
+        self.writer.write(session, on_written)
 
     def drop_running_trace(self) -> None:
         """Let the trace recording now end without a file (``torchstep-prof run`` drops a step
@@ -415,7 +423,7 @@ class Engine:
             return
         try:
             self.close_open_blocks()
-            self.writer.flush()
+            self._flush_at_exit()
             scope = env_hook_scope()
             if scope is not None:
                 self.finish(scope)
@@ -430,6 +438,19 @@ class Engine:
             from .summary import print_summary_at_exit
 
             print_summary_at_exit(self.summary_wanted)
+
+    def _flush_at_exit(self) -> None:
+        try:
+            self.writer.flush(count=False)
+        except KeyboardInterrupt:
+            # Ctrl-C while the last traces are written: exit now, but say what is lost (the
+            # next process writing into the folder removes the temporary files).
+            warn(
+                "torchstep_prof: interrupted at exit while traces were still being written; "
+                "the traces not yet on disk are lost",
+                TraceWriteWarning,
+                stacklevel=2,
+            )
 
     def ensure_atexit(self) -> None:
         """Register the at-exit work (pending files, the environment's hook, the summary) once."""

@@ -1,21 +1,30 @@
-"""Writing a stopped session's trace: complete files or none, never an overwrite.
+"""Writing stopped sessions' traces on one background thread: complete files or none, in order.
 
-torch writes the JSON under a hidden temporary name inside ``save_path``, unique to the process
-and the write (same folder, so the final step is a link or rename; no shared scratch folder that
-another thread or rank could remove mid-write); the file is checked (torch only logs when it
-cannot write), then given its name without ever replacing an existing file (``_part<i>`` on a
-clash). With ``gzip=True`` the compression runs on one background thread;
-:meth:`TraceWriter.flush` waits for it.
+The block that ends a trace only stops torch's profiler and hands the session to
+:meth:`TraceWriter.write`; one writer thread per process then exports the JSON (torch's
+``export_chrome_trace`` of the stopped results, which releases the GIL and runs safely while a
+new profiler starts, records and stops: tests/workers/export_while_recording.py proves it under
+threads, asyncio and repeated windows), finishes its tail (other threads' spans,
+``traceName``), compresses it, and gives it its name. Files are written in the order the traces
+ended. When more than :data:`MAX_PENDING` traces wait, the next trace end waits for the writer,
+so memory stays bounded. :meth:`TraceWriter.flush` waits for every trace ended so far; the scope
+exit, the finish hook, ``tsp.flush()`` and interpreter exit call it.
+
+Every write goes through a hidden temporary name holding the host and pid
+(:mod:`torchstep_prof._temp_files`) and is checked (torch only logs when it cannot write) before
+it is linked to its final name, never replacing a file (``_part<i>`` on a clash). A failed write
+removes every temporary file it made, torch's own included, and is warned about once per kind
+and recorded. The writer is a plain thread and queue, not ``concurrent.futures``: an executor
+refuses work once interpreter shutdown began, and a training thread that outlives the main
+script still ends traces then.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import collections
 import gzip
-import json
 import itertools
 import os
-import re
 import shutil
 import threading
 import time
@@ -23,14 +32,19 @@ from typing import Callable, Optional
 
 import attrs
 
+from . import background
+from ._temp_files import host_label, leftovers_of, remove, remove_dead_temporaries, temporary_path
+from ._trace_tail import TraceTailError, finish_tail, set_trace_name
 from .errors import TraceWriteWarning, warn
 from .naming import TraceName, build_trace_name, with_part
 from .record_store import STORE, TraceRecord
 from .session import TraceSession
 
-__all__ = ["TraceWriter", "TraceWriteWarning"]
+__all__ = ["MAX_PENDING", "TraceWriter", "TraceWriteWarning"]
 
-TEMP_PREFIX = ".torchstep_prof-partial-"
+MAX_PENDING = 4
+"""Traces waiting for the writer beyond which the next trace end waits (each holds torch's
+results in memory until written)."""
 _GZIP_LEVEL = 6  # level 9 (torch's choice) costs ~2x the time for ~5% smaller files
 
 
@@ -38,61 +52,253 @@ class _ExportFailed(Exception):
     pass
 
 
+class _Job:
+    """One stopped session waiting for the writer."""
+
+    __slots__ = ("session", "record", "name", "on_written", "number")
+
+    def __init__(
+        self,
+        session: TraceSession,
+        record: TraceRecord,
+        name: TraceName,
+        on_written: Callable[[TraceRecord], None],
+        number: int,
+    ) -> None:
+        self.session = session
+        self.record = record
+        self.name = name
+        self.on_written = on_written
+        self.number = number
+
+
 class TraceWriter:
-    """Exports sessions to files; process-wide (one per engine)."""
+    """The process's trace writer (one per engine) and its background thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a job was queued or done
+        self._queue: collections.deque[_Job] = collections.deque()  # the head is being written
+        self._queued = 0  # jobs ever queued / done: flush waits for a number, not for "empty"
+        self._done = 0
+        self._thread: Optional[threading.Thread] = None
+        self._write_lock = threading.Lock()  # held by whichever thread writes the queue's head
         self._claimed: set[str] = set()
-        self._pending: list[concurrent.futures.Future[None]] = []
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._cleaned: set[str] = set()  # folders already rid of dead processes' temporaries
         self._reported: set[tuple[str, str]] = set()
         self._writes = itertools.count(1)
+        self._host = host_label()
+        self._unregister = background.add(background.WRITES, self.flush)
 
     # --- public -------------------------------------------------------------------------------
 
     def write(self, session: TraceSession, on_written: Callable[[TraceRecord], None]) -> None:
-        """Export ``session``; ``on_written`` gets the record once the file is final (for gzip,
-        later, on the compression thread). Failures are warned about once and recorded."""
-        t0 = time.perf_counter()
+        """Queue the stopped ``session`` for writing; ``on_written`` gets the record on the
+        writer thread once the file is final. Failures are warned about once per kind and
+        recorded. Waits (back-pressure) while more than :data:`MAX_PENDING` traces are queued;
+        a KeyboardInterrupt there leaves the trace queued, to be written."""
         name = self._name_for(session)
-        record = self._record_for(session, name)
-        folder = session.config.save_path
-        final_name = build_trace_name(name)
-        # Short, so that a final name near the 255-byte limit never fails at the temporary step.
-        raw_path = os.path.join(folder, f"{TEMP_PREFIX}{os.getpid()}-{next(self._writes)}.partial")
-        try:
-            size = self._export(session, folder, raw_path)
-            if not name.gzip:
-                path = self._claim(raw_path, folder, final_name)
-                self._finish(record, path, size, time.perf_counter() - t0, on_written)
-                return
-        except _ExportFailed as exc:
-            self._fail(record, str(exc), t0, raw_path)
+        job = _Job(session, self._record_for(session, name), name, on_written, next(self._writes))
+        with self._lock:
+            self._queue.append(job)
+            self._queued += 1
+            self._changed.notify_all()
+            target = self._queued - MAX_PENDING
+        if not self._ensure_thread():
+            self._drain_here()
             return
-        export_s = time.perf_counter() - t0
-        future = self._pool().submit(self._compress, raw_path, final_name, record, export_s, folder, on_written)
-        with self._lock:
-            self._pending.append(future)
+        if target > self._done:
+            self._wait_until(target, None, count=True)
 
-    def flush(self) -> None:
-        """Wait until every pending (gzip) file is on disk."""
+    def flush(self, timeout: Optional[float] = None, *, count: bool = True) -> bool:
+        """Wait until every trace queued so far is written (or recorded as failed); returns
+        False when ``timeout`` ran out first. ``count``: add the wait to the costs' writer_wait_s
+        (the training thread waiting)."""
+        if threading.current_thread() is self._thread:
+            return True  # a callback on the writer thread: waiting for itself would never end
         with self._lock:
-            pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
+            target = self._queued
+            if self._done >= target:
+                return True
+        if not self._ensure_thread():
+            self._drain_here()
+            return True
+        return self._wait_until(target, timeout, count=count)
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending)
+        return self._done < self._queued
 
     def forget_after_fork(self) -> None:
-        # The parent's compression thread does not exist in a forked child.
-        self._executor = None
-        self._pending = []
+        # The parent's writer thread does not exist in a forked child, which writes nothing.
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._queue = collections.deque()
+        self._queued = self._done = 0
+        self._thread = None
+        self._unregister = background.add(background.WRITES, self.flush)
 
-    # --- steps --------------------------------------------------------------------------------
+    # --- the writer thread ------------------------------------------------------------------
+
+    def _ensure_thread(self) -> bool:
+        """Start the writer thread if needed; False when no thread can start (interpreter
+        finalizing), and the caller writes in its own thread instead."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return True
+            thread = threading.Thread(target=self._run, name="torchstep_prof-writer", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                self._thread = None
+                return False
+            self._thread = thread
+            return True
+
+    def _run(self) -> None:
+        # Daemon: it must not keep the interpreter alive; the at-exit flush waits for its work.
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._changed.wait()
+            self._write_head()
+
+    def _drain_here(self) -> None:
+        """Write the queue in the calling thread (no writer thread can run)."""
+        while self._write_head():
+            pass
+
+    def _write_head(self) -> bool:
+        with self._write_lock:
+            with self._lock:
+                if not self._queue:
+                    return False
+                job = self._queue[0]
+            self._write_one(job)
+            return True
+
+    def _write_one(self, job: _Job) -> None:
+        try:
+            self._write_now(job)
+        except BaseException as exc:  # never let the writer thread die with work queued
+            self._fail(job.record, f"unexpected error while writing: {exc!r}", 0.0)
+        finally:
+            job.session.release()
+            with self._lock:
+                self._queue.popleft()
+                self._done += 1
+                self._changed.notify_all()
+
+    def _wait_until(self, target: int, timeout: Optional[float], *, count: bool) -> bool:
+        t0 = time.perf_counter()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                with self._lock:
+                    if self._done >= target:
+                        return True
+                    thread = self._thread
+                    if thread is not None and thread.is_alive():
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            return False
+                        # Short waits: a KeyboardInterrupt reaches the waiting thread promptly.
+                        self._changed.wait(0.1 if left is None else min(left, 0.1))
+                        continue
+                self._drain_here()  # the writer thread is gone: nobody else will write these
+        finally:
+            if count:
+                STORE.add_costs(writer_wait_s=time.perf_counter() - t0)
+
+    # --- one write ----------------------------------------------------------------------------
+
+    def _write_now(self, job: _Job) -> None:
+        t0 = time.perf_counter()
+        session, record, name = job.session, job.record, job.name
+        folder = session.config.save_path
+        raw_path = temporary_path(folder, self._host, os.getpid(), job.number)
+        try:
+            self._prepare_folder(folder)
+            self._export(session, raw_path)
+            final_name = build_trace_name(name)
+            target = self._free_target(folder, final_name)
+            try:
+                size = finish_tail(raw_path, os.path.abspath(target), session.spans)
+            except TraceTailError as exc:
+                raise _ExportFailed(str(exc)) from None
+            export_s = time.perf_counter() - t0
+            path, size = self._claim(raw_path, folder, final_name, target, size, compress=name.gzip)
+        except (_ExportFailed, OSError) as exc:
+            self._fail(record, _message(exc), t0, raw_path)
+            return
+        self._finish(record, path, size, export_s, job.on_written)
+
+    def _prepare_folder(self, folder: str) -> None:
+        if not os.path.isdir(folder):  # a hook may have moved or removed it since the last trace
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError as exc:
+                raise _ExportFailed(f"cannot create {folder!r}: {exc.strerror or exc}") from None
+        if folder not in self._cleaned:
+            self._cleaned.add(folder)
+            remove_dead_temporaries(folder, self._host)
+
+    @staticmethod
+    def _export(session: TraceSession, raw_path: str) -> None:
+        prof = session.profile
+        if prof is None:
+            raise _ExportFailed("no profiler output to export")
+        try:
+            prof.export_chrome_trace(raw_path)
+        except Exception as exc:  # torch raises a bare RuntimeError for some failures
+            raise _ExportFailed(f"torch could not export the trace: {exc}") from None
+        # torch does not raise when it cannot write (a full disk, a file size limit): it only
+        # logs, and may leave its own ``.tmp`` file (removed with the other leftovers).
+        if not os.path.exists(raw_path):
+            raise _ExportFailed(
+                f"torch wrote no complete trace to {raw_path!r} (is the folder writable, the disk full?)"
+            )
+
+    def _free_target(self, folder: str, final_name: str, start: int = 0) -> str:
+        """The first name of ``final_name``, ``_part1``... that no file and no write of this
+        process holds; reserved for this write."""
+        part = start
+        while True:
+            target = os.path.join(folder, with_part(final_name, part))
+            part += 1
+            with self._lock:
+                if target in self._claimed or os.path.lexists(target):
+                    continue
+                self._claimed.add(target)
+                return target
+
+    def _claim(
+        self, raw_path: str, folder: str, final_name: str, target: str, size: int, *, compress: bool
+    ) -> tuple[str, int]:
+        """Give the finished file the name ``target`` (the next free one if another process
+        took it meanwhile, with ``traceName`` following); returns its path and size."""
+        while True:
+            source = raw_path
+            if compress:
+                source = raw_path + ".gz"
+                with open(raw_path, "rb") as plain, gzip.open(source, "wb", compresslevel=_GZIP_LEVEL) as packed:
+                    shutil.copyfileobj(plain, packed, 1 << 20)
+                size = os.path.getsize(source)
+            if _link(source, target):
+                remove(source)
+                if compress:
+                    remove(raw_path)
+                return target, size
+            # Another process took the name between the check and the link (rare): the next.
+            target = self._free_target(folder, final_name, 1)
+            if compress:
+                remove(source)
+            try:
+                size = set_trace_name(raw_path, os.path.abspath(target))
+            except TraceTailError as exc:
+                raise _ExportFailed(str(exc)) from None
+
+    # --- records ------------------------------------------------------------------------------
 
     @staticmethod
     def _name_for(session: TraceSession) -> TraceName:
@@ -123,93 +329,27 @@ class TraceWriter:
             stop_s=session.stop_s,
         )
 
-    def _export(self, session: TraceSession, folder: str, raw_path: str) -> int:
-        """Export to ``raw_path``; returns the file's size."""
-        if not os.path.isdir(folder):  # a hook may have moved or removed it since the last trace
-            try:
-                os.makedirs(folder, exist_ok=True)
-            except OSError as exc:
-                raise _ExportFailed(f"cannot create {folder!r}: {exc.strerror or exc}") from None
-        prof = session.profile
-        if prof is None:
-            raise _ExportFailed("no profiler output to export")
-        try:
-            prof.export_chrome_trace(raw_path)
-        except Exception as exc:  # torch raises a bare RuntimeError for some failures
-            raise _ExportFailed(f"torch could not export the trace: {exc}") from None
-        # torch does not raise when it cannot write: it only logs. Check the file is whole.
-        size = _complete_size(raw_path)
-        if not size:
-            raise _ExportFailed(f"torch wrote no complete trace to {raw_path!r} (is the folder writable, the disk full?)")
-        if session.spans:
-            size = _add_thread_spans(raw_path, session.spans)
-        return size
-
-    def _compress(
-        self,
-        raw_path: str,
-        final_name: str,
-        record: TraceRecord,
-        export_s: float,
-        save_path: str,
-        on_written: Callable[[TraceRecord], None],
-    ) -> None:
-        t0 = time.perf_counter()
-        gz_path = raw_path + ".gz"
-        try:
-            with open(raw_path, "rb") as source, gzip.open(gz_path, "wb", compresslevel=_GZIP_LEVEL) as target:
-                shutil.copyfileobj(source, target, 1 << 20)
-            _remove(raw_path)
-            size = os.path.getsize(gz_path)
-            path = self._claim(gz_path, save_path, final_name)
-        except (OSError, _ExportFailed) as exc:
-            self._fail(record, f"cannot write the gzip trace: {exc}", t0, raw_path, gz_path, export_s=export_s)
-            return
-        # The compression ran off the training thread: only the export counts as its cost.
-        self._finish(record, path, size, export_s, on_written)
-
-    def _claim(self, source: str, save_path: str, final_name: str) -> str:
-        """Give ``source`` the first free name of ``final_name``, ``_part1``...; never replace a file."""
-        part = 0
-        while True:
-            target = os.path.join(save_path, with_part(final_name, part))
-            part += 1
-            with self._lock:
-                if target in self._claimed:
-                    continue
-                self._claimed.add(target)
-            try:
-                os.link(source, target)  # fails if the target exists: no overwrite, no race
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                # A file system without hard links: check, then rename (same folder, atomic).
-                if os.path.exists(target):
-                    continue
-                try:
-                    os.rename(source, target)
-                except OSError:
-                    raise _ExportFailed(f"cannot name the trace {target!r}: {exc.strerror or exc}") from None
-                return target
-            _remove(source)
-            return target
-
     def _finish(
         self, record: TraceRecord, path: str, size: int, export_s: float, on_written: Callable[[TraceRecord], None]
     ) -> None:
         final = attrs.evolve(record, path=path, size_bytes=size, export_s=export_s)
         STORE.add_costs(export_s=final.export_s)
         STORE.add_trace(final)
-        on_written(final)
+        try:
+            on_written(final)
+        except Exception as exc:  # the file is written and recorded: report, do not fail it
+            warn(f"torchstep_prof: after writing {path}: {exc!r}", TraceWriteWarning, stacklevel=2)
 
-    def _fail(self, record: TraceRecord, error: str, t0: float, *leftovers: str, export_s: float = 0.0) -> None:
-        for path in leftovers:
-            _remove(path)
-        final = attrs.evolve(record, error=error, export_s=export_s + time.perf_counter() - t0)
-        STORE.add_costs(export_s=final.export_s)
+    def _fail(self, record: TraceRecord, error: str, t0: float, raw_path: Optional[str] = None) -> None:
+        if raw_path is not None:
+            for path in leftovers_of(raw_path):
+                remove(path)
+        export_s = time.perf_counter() - t0 if t0 else 0.0
+        final = attrs.evolve(record, error=error, export_s=export_s)
+        STORE.add_costs(export_s=export_s)
         STORE.add_trace(final)
         # The kind of failure, without the (per-file) path quoted in it: one warning per kind.
-        key = (os.path.dirname(leftovers[0]) if leftovers else "", error.split("'")[0])
+        key = (os.path.dirname(raw_path or ""), error.split("'")[0])
         with self._lock:
             first = key not in self._reported
             self._reported.add(key)
@@ -221,93 +361,27 @@ class TraceWriter:
                 stacklevel=2,
             )
 
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchstep_prof-gzip")
-            return self._executor
 
-
-_BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
-_HEAD_BYTES = 1 << 16
-_TAIL_BYTES = 1 << 16
-
-
-def _add_thread_spans(path: str, spans: list[tuple[str, int, int, int]]) -> int:
-    """Write other threads' regions into the trace at ``path``; returns its new size.
-
-    Only traces during which another thread entered a region pay for this. The events are
-    spliced in before the end of torch's ``traceEvents`` array (the file's tail is rewritten,
-    not the file), falling back to a full parse when the file does not look as torch writes it.
-    """
+def _link(source: str, target: str) -> bool:
+    """Name ``source`` ``target`` unless a file holds that name; False when one does."""
     try:
-        with open(path, "r+b") as f:
-            head = f.read(_HEAD_BYTES)
-            size = f.seek(0, os.SEEK_END)
-            tail_start = max(0, size - _TAIL_BYTES)
-            f.seek(tail_start)
-            tail = f.read()
-            base = _BASE_TIME.search(head)
-            # torch ends the file with `...}\n  ],"traceName": "<path>" }`: the `]` before the
-            # last "traceName" key closes traceEvents.
-            trace_name = tail.rfind(b'"traceName"')
-            end_of_events = tail.rfind(b"]", 0, trace_name) if trace_name > 0 else -1
-            before = tail[:end_of_events].rstrip() if end_of_events > 0 else b""
-            if base is None or not before.endswith(b"}"):
-                return _rewrite_with_spans(path, spans)
-            events = b"".join(b",\n" + _span_json(span, int(base.group(1))) for span in spans)
-            f.seek(tail_start + end_of_events)
-            f.write(events + tail[end_of_events:])
-            f.truncate()
-            return f.tell()
-    except (OSError, ValueError) as exc:
-        raise _ExportFailed(f"cannot add other threads' regions to the trace: {exc}") from None
+        os.link(source, target)  # fails if the target exists: no overwrite, no race
+        return True
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        # A file system without hard links: check, then rename (same folder, atomic).
+        if os.path.lexists(target):
+            return False
+        try:
+            os.rename(source, target)
+        except OSError:
+            raise _ExportFailed(f"cannot name the trace {target!r}: {exc.strerror or exc}") from None
+        return True
 
 
-def _span_json(span: tuple[str, int, int, int], base_ns: int) -> bytes:
-    name, tid, start_ns, end_ns = span
-    event = {
-        "ph": "X",
-        "cat": "user_annotation",
-        "name": name,
-        "pid": os.getpid(),
-        "tid": tid,
-        "ts": (start_ns - base_ns) / 1000,  # torch's events count µs from baseTimeNanoseconds
-        "dur": (end_ns - start_ns) / 1000,
-        "args": {"recorded by": "torchstep_prof (a region of another thread)"},
-    }
-    return json.dumps(event).encode()
-
-
-def _rewrite_with_spans(path: str, spans: list[tuple[str, int, int, int]]) -> int:
-    with open(path, "rb") as f:
-        trace = json.load(f)  # ValueError for a file torch wrote unescaped: the caller reports it
-    base_ns = int(trace.get("baseTimeNanoseconds") or 0)
-    trace.setdefault("traceEvents", []).extend(json.loads(_span_json(span, base_ns)) for span in spans)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(trace, f)
-    return os.path.getsize(path)
-
-
-def _complete_size(path: str) -> int:
-    """The size of the JSON file at ``path`` when it ends as a whole trace does, else 0."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return 0
-    try:
-        size = os.fstat(fd).st_size
-        tail = os.pread(fd, 64, max(0, size - 64)) if size else b""
-    except OSError:
-        return 0
-    finally:
-        os.close(fd)
-    return size if tail.rstrip().endswith(b"}") else 0
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"cannot write the trace: {exc.strerror or exc}{where}"
+    return str(exc)

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import attrs
 
+from . import background
 from .config import ProfilerConfig
 from .record_store import STORE
 from .scopes import HookScope
@@ -65,7 +66,7 @@ def runs_hook(scope: HookScope, topology: Topology, where: Optional[ProfilerConf
     return rank_selected(profiled.ranks, profiled.all_ranks, topology.rank)
 
 
-def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Callable[[], None]) -> None:
+def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Callable[..., object]) -> None:
     """Profiling under ``scope`` is finished: run its hook where this rank is selected — now, in
     this thread, for ``wait=True``; else on a background thread, and return at once."""
     config = scope.config
@@ -73,30 +74,36 @@ def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Call
     if hook is None or not config.enable:
         return
     if hook.wait:
-        _run(scope, where, flush_traces)
+        _run(scope, where, flush_traces, background=False)
         return
     run = _HookRun(f"finish hook on rank {current_topology().rank} ({_short(hook.cmd)})")
 
     def in_background() -> None:
         try:
-            _run(scope, where, flush_traces)
+            _run(scope, where, flush_traces, background=True)
         finally:
             run.done.set()
+            unregister()
 
     with _RUNS_LOCK:
         _RUNS[:] = [other for other in _RUNS if not other.done.is_set()]
         _RUNS.append(run)
+    unregister = background.add(background.HOOKS, run.done.wait)  # tsp.flush() waits for it
     threading.Thread(target=in_background, name="torchstep_prof-finish-hook", daemon=True).start()
 
 
-def _run(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Callable[[], None]) -> None:
+def _run(
+    scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Callable[..., object], *, background: bool
+) -> None:
     from . import _node_sync
     from .finish_hook import HookContext, run_hook
 
     config = scope.config
     hook = config.finish_hook
     assert hook is not None  # checked by finish()
-    flush_traces()  # every trace of the process is on disk (and listed) before the command
+    # Every trace of the process is on disk (and listed) before the command; a hook thread's
+    # wait is not time the training thread waited for the writer.
+    flush_traces(count=not background)
     topology = current_topology()
     if hook.per_node:
         _node_sync.mark_finished(scope.scope_id, topology.local_rank)

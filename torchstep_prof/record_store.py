@@ -79,8 +79,9 @@ class ProfilingCosts:
     warmup_s: float = 0.0  # torch.profiler's one-time first-start cost, paid outside any step
     start_s: float = 0.0
     stop_s: float = 0.0
-    export_s: float = 0.0
+    export_s: float = 0.0  # on the background writer thread, off the training thread
     hook_wait_s: float = 0.0  # per-node uploaders waiting for their node-mates
+    writer_wait_s: float = 0.0  # the training thread waiting for the writer (back-pressure, scope exit)
 
     @property
     def total_s(self) -> float:
@@ -176,10 +177,14 @@ STORE = _RecordStore()
 
 
 def records() -> ProfilingRecords:
-    """Everything profiling did in this process so far: traces, hook runs, costs.
+    """Everything profiling did in this process so far: traces, hook runs, costs. Waits for
+    the traces still being written first, so every trace ended so far is in it.
 
     >>> import torchstep_prof as tsp
     >>> [t.path for t in tsp.records().traces]  # doctest: +SKIP
     ['outputs/profile/actor_update_step1_rank0-of-1_pid7_20260814122731089.json']
     """
+    from . import background
+
+    background.wait_for((background.WRITES,))
     return STORE.snapshot()

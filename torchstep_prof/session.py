@@ -263,6 +263,15 @@ class TraceSession:
     def profile(self) -> Optional[profile]:
         return self._profile
 
+    def release(self) -> None:
+        """Drop torch's results once the trace is written or failed: they hold every event,
+        and, after a failed export (a full disk), torch's ``.tmp`` file open, so its space
+        would stay taken until a garbage collection found the profile object."""
+        prof, self._profile = self._profile, None
+        inner = getattr(prof, "profiler", None)
+        if inner is not None and hasattr(inner, "kineto_results"):
+            inner.kineto_results = None
+
     def _add_metadata(self, prof: profile) -> None:
         rank, world = self.topology.rank, self.topology.world_size
         if not distributed_initialized():

@@ -166,6 +166,7 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         f"profiling cost {costs.total_s * 1000:.0f} ms: warm-up {costs.warmup_s * 1000:.0f}, "
         f"start {costs.start_s * 1000:.1f}, stop {costs.stop_s * 1000:.1f}, export {costs.export_s * 1000:.1f}"
         + (f", waiting for node-mates {costs.hook_wait_s * 1000:.0f}" if costs.hook_wait_s else "")
+        + (f", waiting for the writer {costs.writer_wait_s * 1000:.1f}" if costs.writer_wait_s >= 0.00005 else "")
     )
     if data.missed_steps or data.missed_steps_unlisted:
         lines.append(_missed_line(data))

@@ -1,0 +1,276 @@
+"""Writes that fail (SPEC "Reliability", "Trace files"): a full disk, a file size limit, a
+process killed while it writes, Ctrl-C while training waits for the writer. A failed write is
+reported once and recorded, leaves no temporary file (torch's own ``.tmp`` included), and is
+never listed to a hook unfinished; a killed process's temporaries are removed by the next
+process on the same host that writes into the folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from trace_helpers import check_trace_file, everything_under, trace_files
+
+import torchstep_prof as tsp
+from torchstep_prof import TraceWriteWarning, parse_trace_name
+from torchstep_prof._temp_files import TEMP_PREFIX, host_label
+
+REPO = Path(tsp.__file__).resolve().parents[1]
+
+
+def big_region(step, ops):
+    with tsp.profile_region("actor", "update", step=step):
+        x = torch.ones(4)
+        for _ in range(ops):
+            x = x.add(1)
+
+
+def temporaries(folder: Path) -> list[str]:
+    return sorted(p.name for p in everything_under(folder) if p.name.startswith("."))
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["TORCHSTEP_PROF_SUMMARY"] = "0"
+    env["KINETO_LOG_LEVEL"] = "6"
+    env.update(extra)
+    return env
+
+
+def run_script(script: str, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+# --- a full disk, a file size limit ------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 2 MB tmpfs mounted for the test (needs root and mount permission)."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"mounting a 2 MB tmpfs was refused (needs root with CAP_SYS_ADMIN): {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+@pytest.mark.parametrize("gzipped", [False, True], ids=["json", "gzip"])
+def test_a_full_disk_loses_one_trace_reported_once_leaves_nothing_and_later_traces_fit(tiny_disk, gzipped):
+    save_path = tiny_disk / "profile"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with tsp.configure(save_path=str(save_path), gzip=gzipped, summary=False), tsp.schedule(steps=[1, 2, 3, 4]):
+            big_region(1, 6000)  # several MB of JSON: more than the disk holds
+            big_region(2, 6000)
+            tsp.flush()
+            assert temporaries(save_path) == []  # torch's .tmp included: the space is free again
+            big_region(3, 5)
+            big_region(4, 5)
+    records = tsp.records().traces
+    assert [(r.step, r.ok) for r in records] == [(1, False), (2, False), (3, True), (4, True)]
+    assert all("trace" in r.error for r in records[:2])
+    assert len([w for w in caught if issubclass(w.category, TraceWriteWarning)]) == 1
+    assert [parse_trace_name(p).step for p in trace_files(save_path)] == [3, 4]
+    for path in trace_files(save_path):
+        check_trace_file(path)
+    assert temporaries(save_path) == []
+
+
+def test_a_file_size_limit_loses_the_big_trace_only_and_leaves_nothing(tmp_path):
+    save_path = tmp_path / "limited"
+    result = run_script(
+        f"""
+        import resource, signal, torch, torchstep_prof as tsp
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death (ulimit -f 1024)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+        def region(n, ops):
+            with tsp.profile_region("actor", "update", step=n):
+                x = torch.ones(4)
+                for _ in range(ops):
+                    x = x.add(1)
+
+        with tsp.configure(save_path={str(save_path)!r}, summary=False), tsp.schedule(steps=[1, 2]):
+            region(1, 6000)
+            region(2, 5)
+        print([(r.step, r.ok) for r in tsp.records().traces])
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[(1, False), (2, True)]"
+    assert result.stderr.count("TraceWriteWarning") == 1
+    assert [parse_trace_name(p).step for p in trace_files(save_path)] == [2]
+    check_trace_file(trace_files(save_path)[0])
+    assert temporaries(save_path) == []
+
+
+# --- killed while writing: the next process cleans up ------------------------------------------
+
+_BIG_WRITER = """
+import sys, torch, torchstep_prof as tsp
+with tsp.configure(save_path=sys.argv[1], summary=False), tsp.schedule(steps=[1]):
+    with tsp.profile_region("actor", "update", step=1):
+        x = torch.ones(4)
+        for _ in range(15000):
+            x = x.add(1)
+    print("ended", flush=True)
+"""
+
+
+def kill_while_writing(save_path: Path, signum: int, script: str = _BIG_WRITER, status: int | None = None) -> list[str]:
+    """Start a process writing a big trace, send it ``signum`` once a temporary file of the
+    write exists, check its exit status (killed by the signal unless ``status``); returns what
+    it left."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(save_path)], env=child_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not temporaries(save_path):
+            assert child.poll() is None, "the writer ended before it could be killed mid-write"
+            time.sleep(0.002)
+        child.send_signal(signum)
+        assert child.wait(120) == (-signum if status is None else status)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return temporaries(save_path)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_the_next_process_on_the_host_removes_a_killed_writers_temporaries(tmp_path, signum):
+    save_path = tmp_path / "profile"
+    left = kill_while_writing(save_path, signum)
+    assert left and all(name.startswith(TEMP_PREFIX) for name in left)
+    host = host_label()
+    # A write of a live process on this host (this test's own pid) and one of another host
+    # whose pid is gone here: neither may be touched.
+    live = save_path / f"{TEMP_PREFIX}{host}-{os.getpid()}-1.partial"
+    elsewhere = save_path / f"{TEMP_PREFIX}other-node-7-{2**22 + 12345}-1.partial.tmp"
+    live.write_text("{")
+    elsewhere.write_text("{")
+    result = run_script(
+        f"""
+        import torch, torchstep_prof as tsp
+        with tsp.configure(save_path={str(save_path)!r}, summary=False), tsp.schedule(steps=[2]):
+            with tsp.profile_region("actor", "update", step=2):
+                torch.ones(4).add(1)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert temporaries(save_path) == sorted([live.name, elsewhere.name])
+    assert [parse_trace_name(p).step for p in trace_files(save_path)] == [2]
+
+
+def test_sigterm_handled_by_the_program_still_writes_the_trace_at_exit(tmp_path):
+    """Launchers send SIGTERM, and programs often turn it into SystemExit: the pending write
+    finishes at exit."""
+    save_path = tmp_path / "profile"
+    script = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n" + _BIG_WRITER + "import time\ntime.sleep(60)\n"
+    )
+    kill_while_writing(save_path, signal.SIGTERM, script, status=143)
+    [path] = trace_files(save_path)
+    check_trace_file(path)
+    assert temporaries(save_path) == []
+
+
+# --- Ctrl-C while training waits for the writer ------------------------------------------------
+
+_CTRL_C = """
+import json, os, signal, sys, threading, time, torch, torchstep_prof as tsp
+
+save_path, report = sys.argv[1], sys.argv[2]
+checker = (
+    "import json, os, sys\\n"
+    "listed = [p for p in os.environ.get('TORCHSTEP_PROF_TRACES', '').split(os.pathsep) if p]\\n"
+    "bad = []\\n"
+    "for p in listed:\\n"
+    "    try:\\n"
+    "        json.load(open(p))\\n"
+    "    except Exception as exc:\\n"
+    "        bad.append(p + ': ' + repr(exc))\\n"
+    "json.dump({'listed': listed, 'bad': bad}, open(sys.argv[1], 'w'))\\n"
+)
+
+def interrupt_while_writing():
+    # Ctrl-C each time a write is under way (its temporary file exists), at most 3 times.
+    sent = 0
+    while sent < 3 and not done.is_set():
+        if any(n.startswith(".torchstep_prof-partial-") for n in os.listdir(save_path) if os.path.isdir(save_path)):
+            os.kill(os.getpid(), signal.SIGINT)
+            sent += 1
+            time.sleep(0.5)
+        time.sleep(0.001)
+
+done = threading.Event()
+os.makedirs(save_path, exist_ok=True)
+threading.Thread(target=interrupt_while_writing, daemon=True).start()
+caught = []
+steps = [1, 2, 3, 4]
+with tsp.configure(save_path=save_path, summary=False), tsp.schedule(steps=steps), \\
+        tsp.on_finish([sys.executable, "-c", checker, report], wait=True):
+    for n in steps:
+        try:
+            with tsp.step(n), tsp.profile_region("actor", "update"):
+                x = torch.ones(4)
+                for _ in range(4000):
+                    x = x.add(1)
+            where = "flush"
+            tsp.flush()
+            where = "loop"
+        except KeyboardInterrupt:
+            caught.append(where)
+done.set()
+print(json.dumps({"caught": caught, "records": [[r.step, r.ok] for r in tsp.records().traces]}))
+"""
+
+
+def test_ctrl_c_while_waiting_for_the_writer_loses_no_trace_and_lists_none_unfinished(tmp_path):
+    save_path, report = tmp_path / "profile", tmp_path / "hook.json"
+    result = subprocess.run(
+        [sys.executable, "-c", _CTRL_C, str(save_path), str(report)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["caught"], "no Ctrl-C reached the training loop"
+    assert "flush" in outcome["caught"], outcome  # at least one while waiting for the writer
+    written = {parse_trace_name(p).step for p in trace_files(save_path)}
+    failed = {step for step, ok in outcome["records"] if not ok}
+    # every trace whose block ended is on disk, or a record and a warning: never lost silently
+    assert written | failed == {step for step, _ in outcome["records"]}
+    assert not failed or "TraceWriteWarning" in result.stderr
+    for path in trace_files(save_path):
+        check_trace_file(path)
+    assert temporaries(save_path) == []
+    hook = json.loads(report.read_text())
+    assert hook["bad"] == []  # the hook was never shown an unfinished file
+    assert {parse_trace_name(p).step for p in hook["listed"]} <= written

@@ -1,0 +1,153 @@
+"""Finishing torch's exported JSON in place: check it is whole, add other threads' spans, and
+point ``traceName`` at the final file.
+
+torch writes ``{ <metadata>, "traceEvents": [ <events> ],"traceName": "<path>" }`` with the path
+unescaped (a ``"`` in it makes the file invalid JSON) and naming the temporary file. Rewriting a
+50 MB file to fix that would cost as much as the export, so only the tail is rewritten: the end
+of the events array (where other threads' spans go) and the ``traceName`` key, written by us with
+JSON escaping. A file whose head or tail does not look as torch writes it is parsed and rewritten
+whole instead; one that does not parse at all is reported, never claimed complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Optional, Sequence
+
+__all__ = ["Span", "TraceTailError", "finish_tail", "set_trace_name"]
+
+Span = tuple[str, int, int, int]  # (range name, native thread id, start ns, end ns) in epoch time
+
+_HEAD_BYTES = 1 << 16
+_MAX_HEAD_BYTES = 1 << 22  # metadata (deviceProperties, pg_config) bigger than this: parse all
+_TAIL_BYTES = 1 << 16
+_BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
+_TRACE_EVENTS = b'"traceEvents"'
+_TRACE_NAME = b'"traceName"'
+
+
+class TraceTailError(Exception):
+    """The file is not a whole trace (cut short, invalid JSON); the message says what is wrong."""
+
+
+def finish_tail(path: str, final_path: str, spans: Sequence[Span]) -> int:
+    """Check the trace at ``path`` is whole, add ``spans``, and set ``traceName`` to
+    ``final_path``; returns the file's new size. Raises :class:`TraceTailError`."""
+    try:
+        with open(path, "r+b") as f:
+            base_ns = _checked_head(f)
+            size = f.seek(0, os.SEEK_END)
+            tail_start = max(0, size - _TAIL_BYTES)
+            f.seek(tail_start)
+            tail = f.read()
+            end_of_events = _end_of_events(tail) if base_ns is not None else None
+            if end_of_events is None:
+                return _rewrite_whole(f, final_path, spans)
+            events = b"".join(b",\n" + _span_json(span, base_ns) for span in spans)
+            f.seek(tail_start + end_of_events)
+            f.write(events + _closing(final_path))
+            f.truncate()
+            return f.tell()
+    except OSError as exc:
+        raise TraceTailError(f"cannot finish the trace file: {exc.strerror or exc}") from None
+
+
+def set_trace_name(path: str, final_path: str) -> int:
+    """Point ``traceName`` at ``final_path`` in a trace :func:`finish_tail` already finished
+    (another name was taken meanwhile); returns the file's size."""
+    try:
+        with open(path, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            tail_start = max(0, size - _TAIL_BYTES)
+            f.seek(tail_start)
+            tail = f.read()
+            key = tail.rfind(b"]," + _TRACE_NAME)
+            if key < 0:
+                raise TraceTailError("the trace's end is not the one written a moment ago")
+            f.seek(tail_start + key + 1)
+            f.write(_closing(final_path))
+            f.truncate()
+            return f.tell()
+    except OSError as exc:
+        raise TraceTailError(f"cannot rename the trace inside its file: {exc.strerror or exc}") from None
+
+
+def _closing(final_path: str) -> bytes:
+    # ensure_ascii: any character of the path (quote, backslash, newline, non-ASCII) is escaped.
+    return b"]," + _TRACE_NAME + b": " + json.dumps(final_path).encode("ascii") + b"}\n"
+
+
+def _checked_head(f: Any) -> Optional[int]:
+    """The trace's base time when its top-level keys before ``traceEvents`` are valid JSON
+    (torch writes metadata unescaped); None when the head does not look as torch writes it."""
+    f.seek(0)
+    head = f.read(_HEAD_BYTES)
+    events_key = head.find(_TRACE_EVENTS)
+    while events_key < 0 and len(head) < _MAX_HEAD_BYTES:
+        more = f.read(len(head))
+        if not more:
+            break
+        head += more
+        events_key = head.find(_TRACE_EVENTS)
+    base = _BASE_TIME.search(head, 0, events_key if events_key >= 0 else len(head))
+    if events_key < 0 or base is None:
+        return None
+    try:
+        json.loads(head[:events_key] + _TRACE_EVENTS + b": []}")
+    except ValueError:
+        return None
+    return int(base.group(1))
+
+
+def _end_of_events(tail: bytes) -> Optional[int]:
+    """Where the ``]`` closing ``traceEvents`` is in ``tail``, once the last event and what
+    follows were checked; None when the tail does not look as torch writes it."""
+    # `...}\n  ],"traceName": "<path>" }`: the last "traceName" key follows the events' end.
+    # The path is unescaped: search from the key, never parse what follows it.
+    trace_name = tail.rfind(_TRACE_NAME)
+    end = tail.rfind(b"]", 0, trace_name) if trace_name > 0 else -1
+    if end <= 0 or tail[end + 1 : trace_name].strip() != b"," or not tail.rstrip().endswith(b"}"):
+        return None
+    events = tail[:end].rstrip()
+    last_start = events.rfind(b"},")  # the end of the event before the last
+    if not events.endswith(b"}") or last_start < 0:
+        return None
+    try:
+        last = json.loads(events[last_start + 2 :])
+    except ValueError:
+        return None
+    return end if isinstance(last, dict) else None
+
+
+def _span_json(span: Span, base_ns: int) -> bytes:
+    name, tid, start_ns, end_ns = span
+    event = {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": name,
+        "pid": os.getpid(),
+        "tid": tid,
+        "ts": (start_ns - base_ns) / 1000,  # torch's events count µs from baseTimeNanoseconds
+        "dur": (end_ns - start_ns) / 1000,
+        "args": {"recorded by": "torchstep_prof (a region of another thread)"},
+    }
+    return json.dumps(event).encode()
+
+
+def _rewrite_whole(f: Any, final_path: str, spans: Sequence[Span]) -> int:
+    f.seek(0)
+    try:
+        trace = json.load(f)
+    except ValueError as exc:  # cut short, or torch wrote something unescaped
+        raise TraceTailError(f"torch wrote no complete, valid JSON trace ({exc})") from None
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise TraceTailError("torch wrote JSON that is not a Chrome trace")
+    base_ns = int(trace.get("baseTimeNanoseconds") or 0)
+    trace["traceEvents"].extend(json.loads(_span_json(span, base_ns)) for span in spans)
+    trace["traceName"] = final_path
+    f.seek(0)
+    f.write(json.dumps(trace).encode("ascii"))
+    f.truncate()
+    return f.tell()

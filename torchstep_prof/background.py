@@ -1,0 +1,110 @@
+"""Work this process does in the background (trace writes, finish hooks), and ``flush()``,
+which waits for it.
+
+The trace writer and the finish-hook runner register what a caller may have to wait for; the
+scope exit, the hook start, ``records()``, interpreter exit and the user (``tsp.flush()``) wait
+here, without knowing who registered what. No torch import: the command line may use it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+__all__ = ["HOOKS", "WRITES", "add", "add_thread", "flush", "wait_for"]
+
+WRITES = "writes"
+"""Pending trace writes (the writer waits for every trace ended so far)."""
+HOOKS = "hooks"
+"""Finish hooks started so far."""
+
+Waiter = Callable[[Optional[float]], bool]
+"""``wait(timeout)``: block until the work is done or ``timeout`` seconds passed (None: no
+limit); returns whether it is done."""
+
+_lock = threading.Lock()
+_work: list[tuple[str, Waiter]] = []
+
+
+def add(kind: str, wait: Waiter) -> Callable[[], None]:
+    """Register background work of ``kind`` (:data:`WRITES`, :data:`HOOKS`); returns a
+    function that removes it (call it once the work is done, or keep it registered for good:
+    a waiter of finished work returns True at once)."""
+    entry = (kind, wait)
+    with _lock:
+        _work.append(entry)
+
+    def remove() -> None:
+        with _lock:
+            try:
+                _work.remove(entry)
+            except ValueError:
+                pass
+
+    return remove
+
+
+def add_thread(kind: str, thread: threading.Thread) -> None:
+    """Register a started thread as background work of ``kind``; it leaves the registry once
+    a wait sees it finished."""
+
+    def wait(timeout: Optional[float]) -> bool:
+        if thread is threading.current_thread():
+            return True  # the work itself asking to wait for all work: never wait for yourself
+        thread.join(timeout)
+        done = not thread.is_alive()
+        if done:
+            remove()
+        return done
+
+    remove = add(kind, wait)
+
+
+def wait_for(kinds: Iterable[str], timeout: Optional[float] = None) -> bool:
+    """Wait for the registered work of ``kinds``, in that order (work registered meanwhile
+    too); returns True when all of it is done, False when ``timeout`` seconds ran out first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for kind in kinds:
+        waited: set[int] = set()
+        while True:
+            with _lock:
+                todo = [w for k, w in _work if k == kind and id(w) not in waited]
+            if not todo:
+                break
+            for wait in todo:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not wait(left):
+                    return False
+                waited.add(id(wait))
+    return True
+
+
+def flush(timeout: Optional[float] = None) -> bool:
+    """Wait until this process's background work is done: every trace ended so far is on disk
+    (or recorded as failed), and every finish hook started so far has ended.
+
+    Returns True when all of it is done, False when ``timeout`` seconds ran out first (the
+    work goes on). A test or a notebook calls it before reading the traces; training code
+    rarely needs it (scope exits, hooks and interpreter exit already wait for the writes).
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.schedule(steps=[1]):               # doctest: +SKIP
+    ...     with tsp.profile_region("actor", "update", step=1):
+    ...         model(batch)
+    ...     tsp.flush()                             # the trace is on disk now
+    ...     files = os.listdir("outputs/profile")
+    """
+    return wait_for((WRITES, HOOKS), timeout)
+
+
+def _forget_in_child() -> None:
+    # A forked child has none of its parent's threads: there is nothing of theirs to wait for.
+    global _lock
+    _lock = threading.Lock()
+    _work.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
