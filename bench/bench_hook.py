@@ -26,7 +26,6 @@ def run(quick: bool = False) -> Report:
     import torch
 
     import torchstep_prof as tsp
-    from torchstep_prof import finishing
 
     rounds = 5 if quick else 15
     folder = tempfile.mkdtemp(prefix="tsp-bench-hook-")
@@ -50,7 +49,7 @@ def run(quick: bool = False) -> Report:
         order = (True, False) if index % 2 == 0 else (False, True)
         for hook in order:
             (with_hook if hook else without).append(triggering_step(hook))
-    finishing.wait_for_hooks(timeout=60)
+    tsp.flush(timeout=60)
     report = Report("bench_hook")
     report.add(stat("step that starts a `sleep 2` hook", with_hook))
     report.add(stat("the same step, no hook", without))

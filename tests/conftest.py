@@ -22,7 +22,6 @@ from torchstep_prof.record_store import STORE as _STORE  # noqa: E402
 from torchstep_prof import scopes as _scopes  # noqa: E402
 from torchstep_prof.engine import ENGINE as _ENGINE  # noqa: E402
 from torchstep_prof import topology as _topology  # noqa: E402
-from torchstep_prof import finishing as _finishing  # noqa: E402
 
 # Variables that change what regions do (the environment's config layer, the rank): a test that
 # wants one sets it itself.
@@ -44,7 +43,7 @@ def _fresh_process_state(monkeypatch):
     _ENGINE.forget_occurrences()
     yield
     # Hooks run in the background: one still running must not land in the next test's records.
-    _finishing.wait_for_hooks()
+    tsp.flush()
     # torch.autograd._profiler_enabled() sees a profiler started on this thread; one started in
     # another thread it does not, so the engine's record of a running session is checked too.
     leaked_torch = torch.autograd._profiler_enabled()

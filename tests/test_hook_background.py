@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import torchstep_prof as tsp
-from torchstep_prof import finishing
 from torchstep_prof.finish_hook import HookContext, run_hook
 from torchstep_prof.config import FinishHookConfig
 
@@ -48,7 +47,7 @@ def test_the_hook_runs_in_the_background_and_training_goes_on(save_dir, tmp_path
         assert not marker.exists()
         gate.touch()  # training goes on while the hook runs
         one_step(2)
-    assert finishing.wait_for_hooks(timeout=30)
+    assert tsp.flush(timeout=30)
     assert marker.exists()
     assert [h.outcome for h in tsp.records().hooks] == ["ok"]
 
