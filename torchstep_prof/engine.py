@@ -401,7 +401,16 @@ class Engine:
     def _start_hook(self, scope: HookScope, where: Any) -> None:
         from .finishing import finish
 
-        finish(scope, where, self.writer.flush)
+        try:
+            finish(scope, where, self.writer.flush)
+        except KeyboardInterrupt:
+            if not scope.hook_started:
+                # Ctrl-C (caught by the training loop) before the command started, while a
+                # wait=True hook waited for the writer: the hook is not lost, it runs when its
+                # scope exits (or at interpreter exit).
+                with scope.lock:
+                    scope.finished = False
+            raise
 
     def close_open_blocks(self) -> None:
         """Interpreter exit: end the steps begun and never ended, stop a trace still recording in

@@ -42,8 +42,8 @@ def one_step(n: int) -> None:
 @contextlib.contextmanager
 def phase(name: str, *, steps, profiled, shell: bool = True, **hook):
     folder = out / name
+    # wait=True: these phases check *when* the hook runs, right after the step's exit.
     with tsp.configure(save_path=str(folder / "save")), tsp.schedule(steps=steps), tsp.ranks(*profiled), \
-            # wait=True: these phases check *when* the hook runs, right after the step's exit.
             tsp.on_finish(hook_command(folder, shell=shell), timeout_s=60, wait=True, **hook):
         yield folder / "counter"
 

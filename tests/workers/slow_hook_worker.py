@@ -1,7 +1,7 @@
 """A slow finish hook must not make another rank's collective time out (tests/test_hook_background.py).
 
-Run under torchrun with 2 ranks: ``slow_hook_worker.py OUT``. The gloo timeout is 3 s; rank 0's
-hook sleeps 8 s. Both ranks all-reduce right after the step that triggers the hook: with the hook
+Run under torchrun with 2 ranks: ``slow_hook_worker.py OUT``. The gloo timeout is 5 s; rank 0's
+hook sleeps 12 s. Both ranks all-reduce right after the step that triggers the hook: with the hook
 in the training thread, rank 1 would wait 8 s for rank 0 and time out.
 """
 
@@ -18,10 +18,14 @@ from _common import all_reduce, init_group, write_result  # noqa: E402
 import torchstep_prof as tsp  # noqa: E402
 
 out = Path(sys.argv[1])
-rank, world = init_group(timeout_s=3.0)
+rank, world = init_group(timeout_s=5.0)
 marker = out / f"hook-done-rank{rank}"
 with tsp.configure(save_path=str(out / "save"), summary=False), tsp.schedule(steps=[1]), \
-        tsp.ranks(0), tsp.on_finish(f'sleep 8; touch "{marker}"', timeout_s=60):
+        tsp.ranks(0), tsp.on_finish(f'sleep 12; touch "{marker}"', timeout_s=60):
+    # In step with rank 1 once rank 0 has paid the profiler's start-up (at scope entry, seconds
+    # on a loaded machine): only the hook could hold rank 0 up from here.
+    ready = torch.ones(1)
+    all_reduce(ready)
     for n in range(1, 4):
         with tsp.step(n), tsp.profile_region("trainer", "update"):
             torch.ones(8).sum()
