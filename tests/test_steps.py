@@ -102,6 +102,7 @@ def test_a_fused_step_begun_ends_at_the_next_begin_step(save_dir):
             work()
         assert trace_files(save_dir) == []  # still recording
         tsp.begin_step(2)
+        tsp.flush()  # the background writer: step 1's file is on disk now
         [path] = trace_files(save_dir)  # step 1 ended at begin_step(2), before step 2's work
         with tsp.profile_region("trainer", "late"):
             work()
@@ -118,6 +119,7 @@ def test_end_step_ends_the_step_and_does_nothing_when_none_is_open(save_dir):
         with tsp.profile_region("trainer", "forward"):
             work()
         tsp.end_step()
+        tsp.flush()
         assert steps_written(save_dir) == [3]
         tsp.end_step()
         # no step is open any more: a region here counts by itself (entry 1: not selected)
