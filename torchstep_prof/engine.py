@@ -25,7 +25,7 @@ from .naming import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
 from .scopes import Frame, HookScope, env_hook_scope
 from .selection import StepAction, last_selected_step, selected_steps
-from .session import NESTED_FAST_PATH, ThreadSpan, TraceSession, entered, new_range, profiler_kwargs
+from .session import NESTED_FAST_PATH, TraceSession, entered, new_range, profiler_kwargs
 from .topology import current_topology
 from .export import TraceWriter
 
@@ -110,13 +110,13 @@ class Engine:
     @staticmethod
     def range_in(session: TraceSession, role: str, stage: str) -> Any:
         """A region's range in the running ``session``, not yet entered: a torch range in the
-        owner's thread, a ThreadSpan (written in at export) in any other."""
-        if session.fused:
-            session.add_role(role)
+        owner's thread and asyncio task, a span (written in at export) in any other."""
         name = range_name(role, stage)
-        if session.owner_thread == threading.get_ident():
+        if session.owns_here():
+            if session.fused:
+                session.add_role(role)
             return new_range(name)
-        return ThreadSpan(session, name)
+        return session.span(name, role)
 
     def decide(self, frame: Frame, step: int) -> StepAction:
         """The action for ``step`` under ``frame`` on this rank; remembers selected steps."""
@@ -212,8 +212,9 @@ class Engine:
         with self.lock:
             # Published only once torch's profiler runs: a region that sees it may open a range.
             self.session, self._busy = session, False
-            if role is not None and CURRENT_STEP.get(None) is not None:
-                # Regions nested here, in this thread, need no counter and no checks.
+            if role is not None and CURRENT_STEP.get(None) is not None and session.owner_task is None:
+                # Regions nested here, in this thread (outside asyncio), need no counter and no
+                # checks.
                 NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
             self._idle.notify_all()
         return _OwnedTrace(self, session)

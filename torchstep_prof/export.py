@@ -26,6 +26,7 @@ import attrs
 from .errors import TraceWriteWarning, warn
 from .naming import TraceName, build_trace_name, with_part
 from .record_store import STORE, TraceRecord
+from ._spans import SpanLog
 from .session import TraceSession
 
 __all__ = ["TraceWriter", "TraceWriteWarning"]
@@ -232,8 +233,8 @@ _HEAD_BYTES = 1 << 16
 _TAIL_BYTES = 1 << 16
 
 
-def _add_thread_spans(path: str, spans: list[tuple[str, int, int, int]]) -> int:
-    """Write other threads' regions into the trace at ``path``; returns its new size.
+def _add_thread_spans(path: str, spans: SpanLog) -> int:
+    """Write other threads' and asyncio tasks' regions into the trace at ``path``; returns its new size.
 
     Only traces during which another thread entered a region pay for this. The events are
     spliced in before the end of torch's ``traceEvents`` array (the file's tail is rewritten,
@@ -254,7 +255,7 @@ def _add_thread_spans(path: str, spans: list[tuple[str, int, int, int]]) -> int:
             before = tail[:end_of_events].rstrip() if end_of_events > 0 else b""
             if base is None or not before.endswith(b"}"):
                 return _rewrite_with_spans(path, spans)
-            events = b"".join(b",\n" + _span_json(span, int(base.group(1))) for span in spans)
+            events = b"".join(b",\n" + event for event in spans.events(int(base.group(1))))
             f.seek(tail_start + end_of_events)
             f.write(events + tail[end_of_events:])
             f.truncate()
@@ -263,26 +264,11 @@ def _add_thread_spans(path: str, spans: list[tuple[str, int, int, int]]) -> int:
         raise _ExportFailed(f"cannot add other threads' regions to the trace: {exc}") from None
 
 
-def _span_json(span: tuple[str, int, int, int], base_ns: int) -> bytes:
-    name, tid, start_ns, end_ns = span
-    event = {
-        "ph": "X",
-        "cat": "user_annotation",
-        "name": name,
-        "pid": os.getpid(),
-        "tid": tid,
-        "ts": (start_ns - base_ns) / 1000,  # torch's events count µs from baseTimeNanoseconds
-        "dur": (end_ns - start_ns) / 1000,
-        "args": {"recorded by": "torchstep_prof (a region of another thread)"},
-    }
-    return json.dumps(event).encode()
-
-
-def _rewrite_with_spans(path: str, spans: list[tuple[str, int, int, int]]) -> int:
+def _rewrite_with_spans(path: str, spans: SpanLog) -> int:
     with open(path, "rb") as f:
         trace = json.load(f)  # ValueError for a file torch wrote unescaped: the caller reports it
     base_ns = int(trace.get("baseTimeNanoseconds") or 0)
-    trace.setdefault("traceEvents", []).extend(json.loads(_span_json(span, base_ns)) for span in spans)
+    trace.setdefault("traceEvents", []).extend(json.loads(event) for event in spans.events(base_ns))
     with open(path, "w", encoding="utf-8") as f:
         json.dump(trace, f)
     return os.path.getsize(path)
