@@ -20,6 +20,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from ._foreign import foreign_profiler, new_own_profile
 from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
 from .naming import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
@@ -153,11 +154,6 @@ class Engine:
     # --- the profiler window -----------------------------------------------------------------
 
     def _start(self, frame: Frame, role: Optional[str], stage: Optional[str], step: int, action: StepAction) -> Any:
-        if torch.autograd._profiler_enabled():
-            # Someone else's profiler: a second start() would silently succeed, and stopping
-            # either would end both. Join theirs as a range instead.
-            self._warn_once("foreign", "another torch profiler is running; torchstep_prof regions are ranges in its trace", ForeignProfilerWarning)
-            return None if role is None else entered(new_range(range_name(role, stage or "")))
         session = TraceSession(
             config=frame.config,
             role=role,
@@ -179,6 +175,9 @@ class Engine:
             if role is None:
                 return None
             return entered(self.range_in(running, role, stage or ""))
+        if self._foreign_profiler_running():  # none of ours runs (busy is ours): theirs
+            self._set_idle()
+            return None
         self.ensure_atexit()
         self.summary_wanted = frame.config.summary
         try:
@@ -233,7 +232,9 @@ class Engine:
                 session.stop()
             finally:
                 STORE.add_costs(start_s=session.start_s, stop_s=session.stop_s)
-            if session.action is StepAction.RECORD:
+            if session.lost is not None:
+                self._record_lost(session)
+            elif session.action is StepAction.RECORD:
                 hook_scope: Optional[HookScope] = session.hook_scope
                 roles = session.file_roles
 
@@ -246,6 +247,37 @@ class Engine:
             self._warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", TorchstepProfWarning)
         finally:
             self._set_idle()
+
+    def _record_lost(self, session: TraceSession) -> None:
+        warn(f"torchstep_prof: trace of step {session.step} not written: {session.lost}", ForeignProfilerWarning, stacklevel=4)
+        if session.action is StepAction.RECORD:
+            STORE.add_trace(
+                TraceRecord(
+                    role=session.file_role,
+                    stage=session.file_stage,
+                    step=session.step,
+                    rank=session.topology.rank,
+                    world_size=session.topology.world_size,
+                    discrete=not session.fused,
+                    path=None,
+                    error=session.lost,
+                )
+            )
+
+    def _foreign_profiler_running(self) -> bool:
+        """Someone else's profiler records or warms up somewhere in the process (the caller
+        holds the busy state, so none of ours runs): a second Kineto session would crash theirs
+        at its exit. Warned about once."""
+        reason = foreign_profiler()
+        if reason is None:
+            return False
+        self._warn_once(
+            "foreign",
+            f"torchstep_prof: {reason}; torchstep_prof starts no profiler of its own while it runs "
+            "(a second Kineto session would crash it): regions run unprofiled meanwhile",
+            ForeignProfilerWarning,
+        )
+        return True
 
     def _set_idle(self) -> None:
         with self.lock:
@@ -263,19 +295,20 @@ class Engine:
                 return
             self._busy = True
         try:
-            self._warm_up_now(contents)
+            if not self._foreign_profiler_running():
+                self._warm_up_now(contents)
         finally:
             self._set_idle()
 
     def _warm_up_now(self, contents: tuple[str, ...]) -> None:
         # The caller holds the engine's busy state: no other profiler starts or stops meanwhile.
-        if self.warmed or torch.autograd._profiler_enabled():
+        if self.warmed or foreign_profiler() is not None:
             return
         self.warmed = True
         t0 = time.perf_counter()
         try:
             with tempfile.TemporaryDirectory(prefix="torchstep_prof-warmup-") as scratch:
-                warm = torch.profiler.profile(**profiler_kwargs(contents))
+                warm = new_own_profile(**profiler_kwargs(contents))
                 warm.start()
                 try:
                     with torch.profiler.record_function("ProfilerStep#0"), new_range("torchstep_prof/warm-up"):

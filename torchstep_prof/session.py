@@ -17,6 +17,7 @@ from typing import Any, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from ._foreign import kineto_recording, new_own_profile
 from ._spans import SpanLog, ThreadSpan, running_task
 from .config import ProfilerConfig
 from .errors import TorchstepProfWarning, warn
@@ -129,6 +130,7 @@ class TraceSession:
         self.start_s = 0.0
         self.stop_s = 0.0
         self._profile: Optional[profile] = None
+        self.lost: Optional[str] = None  # why the trace cannot be written (another profiler)
         self._ranges = contextlib.ExitStack()
         # Other threads' and tasks' regions; also guards ``roles``, frozen when the trace stops
         # (a role added later is in neither the file name nor the metadata).
@@ -189,7 +191,7 @@ class TraceSession:
     def start(self) -> None:
         """Start torch's profiler and open the step and owner ranges. Raises if torch fails."""
         t0 = time.perf_counter()
-        prof = profile(**profiler_kwargs(self.config.contents))
+        prof = new_own_profile(**profiler_kwargs(self.config.contents))
         prof.start()
         self._profile = prof
         try:
@@ -213,6 +215,14 @@ class TraceSession:
         self.wall_s = t0 - self._t0
         prof = self._profile
         self.spans.stop()  # before the metadata: the roles it names are final from here on
+        if prof is not None and not kineto_recording():
+            # A user's profiler opened and closed inside this trace ended our Kineto session
+            # too ("stopping either turns both off"): stopping or exporting now would crash.
+            self.lost = "another torch profiler started and stopped inside it, which ended its recording"
+            with contextlib.suppress(Exception):
+                self._ranges.close()  # ending a range after Kineto stopped is harmless
+            self.stop_s = time.perf_counter() - t0
+            return
         try:
             self._ranges.close()
             if prof is not None and self.action is StepAction.RECORD:
