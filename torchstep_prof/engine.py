@@ -177,6 +177,9 @@ class Engine:
             return entered(self.range_in(running, role, stage or ""))
         if self._foreign_profiler_running():  # none of ours runs (busy is ours): theirs
             self._set_idle()
+            if role is not None and torch.autograd._profiler_enabled():
+                # Theirs records in this very thread: a range in their trace is harmless there.
+                return entered(new_range(range_name(role, stage or "")))
             return None
         self.ensure_atexit()
         self.summary_wanted = frame.config.summary
