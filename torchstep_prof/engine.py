@@ -223,6 +223,8 @@ class Engine:
 
     def stop_session(self, session: TraceSession) -> None:
         """Stop ``session`` (always), then write it when its step records. Never raises."""
+        if self.forked:  # a block inherited by a forked child: the parent writes its trace
+            return
         with self.lock:
             # Unpublished before torch stops: no new range is opened into a stopping trace, and
             # no other thread starts a profiler until this one is stopped and exported.
@@ -393,6 +395,10 @@ class Engine:
     def after_fork_in_child(self) -> None:
         # A DataLoader worker inherits the parent's state, maybe a running profiler: it must
         # write nothing, run no hook and print no summary.
+        if self.warmed or self.session is not None:  # Kineto ran here: its exit would hang
+            from ._fork import exit_without_destructors
+
+            exit_without_destructors()
         self.forked = True
         self.session = None
         NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None
