@@ -28,6 +28,7 @@ from torchstep_prof import topology as _topology  # noqa: E402
 _ENGINE_VARIABLES = (
     "TORCHSTEP_PROF_CONFIG", "TORCHSTEP_PROF_OVERRIDES", "TORCHSTEP_PROF_SUMMARY",
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "TORCHSTEP_PROF_OWNER", "TORCHSTEP_PROF_CHILDREN",
 )  # fmt: skip
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import sys
 import threading
+import time
 
 import pytest
 import torch
-from trace_helpers import find_range, load_trace, range_names, trace_files
+from trace_helpers import check_trace_file, find_range, load_trace, range_names, trace_files
 
 import torchstep_prof as tsp
 from torchstep_prof import parse_trace_name
@@ -215,3 +218,42 @@ def test_a_selected_step_waits_for_another_threads_warm_up_instead_of_being_lost
             pass
     other.join()
     assert [parse_trace_name(p).stage for p in trace_files(folder)] == ["selected"]
+
+
+def test_fused_trace_names_hold_exactly_the_roles_of_the_trace_while_threads_hammer_regions(tmp_path):
+    """Threads enter regions of their own roles without pause while fused steps start and stop:
+    each file's name carries exactly the roles of its metadata, each with an event in the trace
+    (the roles freeze when the trace stops; a role that arrives later is in neither)."""
+    folder = tmp_path / "profile"
+    stop = threading.Event()
+
+    def hammer(index: int) -> None:
+        # Roles that keep joining: each thread cycles through ten (joined names end "+N-more").
+        for k in itertools.count():
+            if stop.is_set():
+                return
+            with tsp.profile_region(f"t{index}r{k % 10}", "poll"):
+                pass
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(3)]
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns often: also inside the stop of a trace
+    for thread in threads:
+        thread.start()
+    try:
+        with tsp.schedule(steps=list(range(1, 61))), tsp.configure(save_path=str(folder), summary=False, discrete=False):
+            for n in range(1, 61):
+                with tsp.step(n), tsp.profile_region("main", "work"):
+                    torch.ones(4).sum()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        sys.setswitchinterval(switch_interval)
+    files = trace_files(folder)
+    assert len(files) == 60
+    for path in files:
+        trace = check_trace_file(path)  # the name's fields equal the metadata's, role included
+        roles = parse_trace_name(path).role.split("+")[0].split("-")
+        held = {name.split("/")[0] for name in range_names(trace)}
+        assert set(roles) <= held, (path.name, sorted(held))

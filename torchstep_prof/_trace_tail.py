@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
-__all__ = ["Span", "TraceTailError", "finish_tail", "set_trace_name"]
+if TYPE_CHECKING:
+    from ._spans import SpanLog
 
-Span = tuple[str, int, int, int]  # (range name, native thread id, start ns, end ns) in epoch time
+__all__ = ["TraceTailError", "finish_tail", "set_trace_name"]
+
 
 _HEAD_BYTES = 1 << 16
 _MAX_HEAD_BYTES = 1 << 22  # metadata (deviceProperties, pg_config) bigger than this: parse all
@@ -32,7 +34,7 @@ class TraceTailError(Exception):
     """The file is not a whole trace (cut short, invalid JSON); the message says what is wrong."""
 
 
-def finish_tail(path: str, final_path: str, spans: Sequence[Span]) -> int:
+def finish_tail(path: str, final_path: str, spans: SpanLog) -> int:
     """Check the trace at ``path`` is whole, add ``spans``, and set ``traceName`` to
     ``final_path``; returns the file's new size. Raises :class:`TraceTailError`."""
     try:
@@ -45,7 +47,7 @@ def finish_tail(path: str, final_path: str, spans: Sequence[Span]) -> int:
             end_of_events = _end_of_events(tail) if base_ns is not None else None
             if end_of_events is None:
                 return _rewrite_whole(f, final_path, spans)
-            events = b"".join(b",\n" + _span_json(span, base_ns) for span in spans)
+            events = b"".join(b",\n" + event for event in spans.events(base_ns))
             f.seek(tail_start + end_of_events)
             f.write(events + _closing(final_path))
             f.truncate()
@@ -121,22 +123,7 @@ def _end_of_events(tail: bytes) -> Optional[int]:
     return end if isinstance(last, dict) else None
 
 
-def _span_json(span: Span, base_ns: int) -> bytes:
-    name, tid, start_ns, end_ns = span
-    event = {
-        "ph": "X",
-        "cat": "user_annotation",
-        "name": name,
-        "pid": os.getpid(),
-        "tid": tid,
-        "ts": (start_ns - base_ns) / 1000,  # torch's events count µs from baseTimeNanoseconds
-        "dur": (end_ns - start_ns) / 1000,
-        "args": {"recorded by": "torchstep_prof (a region of another thread)"},
-    }
-    return json.dumps(event).encode()
-
-
-def _rewrite_whole(f: Any, final_path: str, spans: Sequence[Span]) -> int:
+def _rewrite_whole(f: Any, final_path: str, spans: SpanLog) -> int:
     f.seek(0)
     try:
         trace = json.load(f)
@@ -145,7 +132,7 @@ def _rewrite_whole(f: Any, final_path: str, spans: Sequence[Span]) -> int:
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise TraceTailError("torch wrote JSON that is not a Chrome trace")
     base_ns = int(trace.get("baseTimeNanoseconds") or 0)
-    trace["traceEvents"].extend(json.loads(_span_json(span, base_ns)) for span in spans)
+    trace["traceEvents"].extend(json.loads(event) for event in spans.events(base_ns))
     trace["traceName"] = final_path
     f.seek(0)
     f.write(json.dumps(trace).encode("ascii"))

@@ -20,13 +20,14 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, TraceWriteWarning, warn
+from ._foreign import foreign_profiler, new_own_profile
+from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
 from .naming import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
 from . import open_blocks
 from .scopes import Frame, HookScope, env_hook_scope, frame_if_read
 from .selection import StepAction, last_selected_step
-from .session import NESTED_FAST_PATH, ThreadSpan, TraceSession, entered, new_range, profiler_kwargs
+from .session import NESTED_FAST_PATH, TraceSession, entered, new_range, profiler_kwargs
 from .topology import current_topology
 from .export import TraceWriter
 
@@ -123,13 +124,13 @@ class Engine:
     @staticmethod
     def range_in(session: TraceSession, role: str, stage: str) -> Any:
         """A region's range in the running ``session``, not yet entered: a torch range in the
-        owner's thread, a ThreadSpan (written in at export) in any other."""
-        if session.fused:
-            session.add_role(role)
+        owner's thread and asyncio task, a span (written in at export) in any other."""
         name = range_name(role, stage)
-        if session.owner_thread == threading.get_ident():
+        if session.owns_here():
+            if session.fused:
+                session.add_role(role)
             return new_range(name)
-        return ThreadSpan(session, name)
+        return session.span(name, role)
 
     def decide(self, frame: Frame, step: int) -> StepAction:
         """The action for ``step`` under ``frame`` on this rank; remembers selected steps (per
@@ -191,11 +192,6 @@ class Engine:
     # --- the profiler window -----------------------------------------------------------------
 
     def _start(self, frame: Frame, role: Optional[str], stage: Optional[str], step: int, action: StepAction) -> Any:
-        if torch.autograd._profiler_enabled():
-            # Someone else's profiler: a second start() would silently succeed, and stopping
-            # either would end both. Join theirs as a range instead.
-            self._warn_once("foreign", "another torch profiler is running; torchstep_prof regions are ranges in its trace", ForeignProfilerWarning)
-            return None if role is None else entered(new_range(range_name(role, stage or "")))
         session = TraceSession(
             config=frame.config,
             role=role,
@@ -219,6 +215,12 @@ class Engine:
             if role is None:
                 return None
             return entered(self.range_in(running, role, stage or ""))
+        if self._foreign_profiler_running():  # none of ours runs (busy is ours): theirs
+            self._set_idle()
+            if role is not None and torch.autograd._profiler_enabled():
+                # Theirs records in this very thread: a range in their trace is harmless there.
+                return entered(new_range(range_name(role, stage or "")))
+            return None
         self.ensure_atexit()
         self.summary_wanted = frame.config.summary
         try:
@@ -256,8 +258,9 @@ class Engine:
         with self.lock:
             # Published only once torch's profiler runs: a region that sees it may open a range.
             self.session, self._owner, self._busy = session, owner, False
-            if role is not None and CURRENT_STEP.get(None) is not None:
-                # Regions nested here, in this thread, need no counter and no checks.
+            if role is not None and CURRENT_STEP.get(None) is not None and session.owner_task is None:
+                # Regions nested here, in this thread (outside asyncio), need no counter and no
+                # checks.
                 NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
             self._idle.notify_all()
         return owner
@@ -266,6 +269,8 @@ class Engine:
         """Stop ``session`` (always), then hand it to the background writer when its step
         records. Only torch's ``stop()`` runs here; the export runs on the writer thread. Never
         raises, except a KeyboardInterrupt (the trace is then still written or recorded)."""
+        if self.forked:  # a block inherited by a forked child: the parent writes its trace
+            return
         with self.lock:
             # Unpublished before torch stops: no new range is opened into a stopping trace, and
             # no other thread starts a profiler until this one is stopped.
@@ -279,7 +284,9 @@ class Engine:
             finally:
                 STORE.add_costs(start_s=session.start_s, stop_s=session.stop_s)
                 self._set_idle()  # the export runs beside the next profiler: see export.py
-                if session.action is StepAction.RECORD:
+                if session.lost is not None:
+                    self._record_lost(session)
+                elif session.action is StepAction.RECORD:
                     # Also after a KeyboardInterrupt inside stop(): what was recorded is written,
                     # or its failure recorded, never dropped silently.
                     self._queue_write(session)
@@ -311,6 +318,37 @@ class Engine:
         if session is not None:
             session.action = StepAction.WARMUP  # recorded, stopped, not written
 
+    def _record_lost(self, session: TraceSession) -> None:
+        warn(f"torchstep_prof: trace of step {session.step} not written: {session.lost}", ForeignProfilerWarning, stacklevel=4)
+        if session.action is StepAction.RECORD:
+            STORE.add_trace(
+                TraceRecord(
+                    role=session.file_role,
+                    stage=session.file_stage,
+                    step=session.step,
+                    rank=session.topology.rank,
+                    world_size=session.topology.world_size,
+                    discrete=not session.fused,
+                    path=None,
+                    error=session.lost,
+                )
+            )
+
+    def _foreign_profiler_running(self) -> bool:
+        """Someone else's profiler records or warms up somewhere in the process (the caller
+        holds the busy state, so none of ours runs): a second Kineto session would crash theirs
+        at its exit. Warned about once."""
+        reason = foreign_profiler()
+        if reason is None:
+            return False
+        self._warn_once(
+            "foreign",
+            f"torchstep_prof: {reason}; torchstep_prof starts no profiler of its own while it runs "
+            "(a second Kineto session would crash it): regions run unprofiled meanwhile",
+            ForeignProfilerWarning,
+        )
+        return True
+
     def _set_idle(self) -> None:
         with self.lock:
             self._busy = False
@@ -327,19 +365,20 @@ class Engine:
                 return
             self._busy = True
         try:
-            self._warm_up_now(contents)
+            if not self._foreign_profiler_running():
+                self._warm_up_now(contents)
         finally:
             self._set_idle()
 
     def _warm_up_now(self, contents: tuple[str, ...]) -> None:
         # The caller holds the engine's busy state: no other profiler starts or stops meanwhile.
-        if self.warmed or torch.autograd._profiler_enabled():
+        if self.warmed or foreign_profiler() is not None:
             return
         self.warmed = True
         t0 = time.perf_counter()
         try:
             with tempfile.TemporaryDirectory(prefix="torchstep_prof-warmup-") as scratch:
-                warm = torch.profiler.profile(**profiler_kwargs(contents))
+                warm = new_own_profile(**profiler_kwargs(contents))
                 warm.start()
                 try:
                     with torch.profiler.record_function("ProfilerStep#0"), new_range("torchstep_prof/warm-up"):
@@ -475,6 +514,10 @@ class Engine:
     def after_fork_in_child(self) -> None:
         # A DataLoader worker inherits the parent's state, maybe a running profiler: it must
         # write nothing, run no hook and print no summary.
+        if self.warmed or self.session is not None:  # Kineto ran here: its exit would hang
+            from ._fork import exit_without_destructors
+
+            exit_without_destructors()
         self.forked = True
         self.session = self._owner = None
         NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None

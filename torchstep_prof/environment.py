@@ -21,10 +21,13 @@ if TYPE_CHECKING:
     from .overrides import Override
 
 __all__ = [
+    "ENV_CHILDREN",
     "ENV_CONFIG",
     "ENV_OVERRIDES",
+    "ENV_OWNER",
     "ENV_SUMMARY",
     "EnvironmentLayer",
+    "owns_environment",
     "read_environment",
     "summary_disabled",
 ]
@@ -35,6 +38,10 @@ ENV_OVERRIDES = "TORCHSTEP_PROF_OVERRIDES"
 """``key=value`` overrides, split like a shell command line, applied on top."""
 ENV_SUMMARY = "TORCHSTEP_PROF_SUMMARY"
 """``0`` / ``false`` / ``no`` / ``off`` turns the summary at exit off."""
+ENV_OWNER = "TORCHSTEP_PROF_OWNER"
+"""Set by the process that read the two variables above: ``<pid>:<digest of their values>``."""
+ENV_CHILDREN = "TORCHSTEP_PROF_CHILDREN"
+"""``1``: child processes use the configuration they inherit too."""
 
 _OFF_WORDS = frozenset({"0", "false", "no", "off"})
 _MAX_CACHED_APPLIES = 64
@@ -123,6 +130,8 @@ def read_environment(environ: Mapping[str, str] | None = None) -> EnvironmentLay
     overrides_text = env.get(ENV_OVERRIDES, "").strip() or None
     if path is None and overrides_text is None:
         return _EMPTY
+    if environ is None and not owns_environment():
+        return _EMPTY  # inherited from the process that read it (SPEC "Child processes")
     key = (path, _file_identity(path), overrides_text)
     last = _last
     if last is not None and last[0] == key:
@@ -228,3 +237,54 @@ def _from_variable(exc: ConfigError, variable: str, value: str | None = None) ->
         Problem(f"{keyed}: {p.path}", p.message) if p.path else Problem("", f"{variable}: {p.message}")
         for p in exc.problems
     )
+
+
+# --- who owns the environment's configuration (SPEC "Child processes") --------------------------
+
+_ownership: tuple[tuple[Any, ...], bool] | None = None
+
+
+def owns_environment(environ: dict[str, str] | None = None) -> bool:
+    """Whether this process may use ``TORCHSTEP_PROF_CONFIG`` / ``_OVERRIDES``.
+
+    The first process that reads them (at ``import torchstep_prof`` or its first scope) owns
+    them and marks ``os.environ`` with ``TORCHSTEP_PROF_OWNER=<pid>:<digest>``, which its
+    children inherit: a child (DataLoader worker, ``multiprocessing`` child, a finish hook's
+    command) sees the mark of another pid over the same values and ignores them, unless
+    ``TORCHSTEP_PROF_CHILDREN=1``. A launcher that never imports torchstep_prof (torchrun)
+    leaves no mark: each of its ranks owns what it reads. Values that differ from the mark's
+    (a child given its own configuration) belong to the child.
+
+    >>> env = {"TORCHSTEP_PROF_OVERRIDES": "schedule.steps=[2]"}
+    >>> owns_environment(env), env["TORCHSTEP_PROF_OWNER"].startswith(f"{os.getpid()}:")
+    (True, True)
+    >>> owns_environment({**env, "TORCHSTEP_PROF_OWNER": "1:" + env["TORCHSTEP_PROF_OWNER"].split(":")[1]})
+    False
+    """
+    global _ownership
+    env = os.environ if environ is None else environ
+    path = env.get(ENV_CONFIG) or ""
+    overrides = env.get(ENV_OVERRIDES, "").strip()
+    if not path and not overrides:
+        return True
+    key = (os.getpid(), path, overrides, env.get(ENV_OWNER), env.get(ENV_CHILDREN))
+    cached = _ownership
+    if environ is None and cached is not None and cached[0] == key:
+        return cached[1]
+    import zlib
+
+    digest = format(zlib.crc32("\0".join((path, overrides)).encode()), "08x")
+    mark = env.get(ENV_OWNER, "")
+    if env.get(ENV_CHILDREN, "").strip() == "1":
+        owned = True
+    elif mark.partition(":")[2] != digest:  # no mark, or a mark for other values: ours now
+        env[ENV_OWNER] = f"{os.getpid()}:{digest}"  # type: ignore[index]
+        owned = True
+    else:
+        owned = mark.partition(":")[0] == str(os.getpid())
+    if environ is None:
+        _ownership = ((os.getpid(), path, overrides, env.get(ENV_OWNER), env.get(ENV_CHILDREN)), owned)
+    return owned
+
+
+owns_environment()  # at import: before this process starts any child

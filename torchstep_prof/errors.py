@@ -81,7 +81,8 @@ class ProfilerStartWarning(TorchstepProfWarning):
 
 
 class ForeignProfilerWarning(TorchstepProfWarning):
-    """Another torch profiler was already running; regions became ranges in its trace."""
+    """Another torch profiler was running or warming up somewhere in the process: torchstep_prof
+    started nothing meanwhile (regions ran unprofiled), or a trace of ours was ended by it."""
 
 
 class TraceWriteWarning(TorchstepProfWarning):

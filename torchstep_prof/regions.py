@@ -7,6 +7,7 @@ one attribute, and returns. They are classes, not generator context managers (~4
 
 from __future__ import annotations
 
+from asyncio import _get_running_loop
 from threading import get_ident as _get_ident
 from typing import Any, Callable, Optional, TypeVar
 
@@ -84,9 +85,11 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
     # and two attributes. Inside a running trace: the range object itself, entered by the
     # caller's `with` (torch's C methods, no Python frame of ours around it).
     frame = _STACK.get(_ROOT)
-    if frame is _NESTED.frame and _NESTED.thread == _get_ident():
+    if frame is _NESTED.frame and _NESTED.thread == _get_ident() and _get_running_loop() is None:
         # The common case inside a trace, in as few steps as possible: a region nested in a
         # discrete trace, in the owner's thread, under its scopes and step (nothing to count).
+        # Not in an asyncio task (an event loop started inside the owner's region): tasks
+        # interleave, so their regions are spans, never ranges on the owner's range stack.
         try:
             return new_range(_RANGE_NAMES[role][stage])
         except KeyError:

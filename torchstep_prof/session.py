@@ -17,13 +17,15 @@ from typing import Any, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from ._foreign import kineto_recording, new_own_profile
+from ._spans import SpanLog, ThreadSpan, running_task
 from .config import ProfilerConfig
 from .errors import TorchstepProfWarning, warn
 from .naming import fit_label, range_label, sanitize_label
 from .selection import StepAction
 from .topology import Topology, distributed_initialized
 
-__all__ = ["NESTED_FAST_PATH", "ThreadSpan", "TraceSession", "entered", "new_range", "profiler_kwargs"]
+__all__ = ["NESTED_FAST_PATH", "TraceSession", "entered", "new_range", "profiler_kwargs"]
 
 FUSED_STAGE = "train"
 FUSED_DEFAULT_ROLE = "main"
@@ -53,29 +55,6 @@ class NestedFastPath:
 
 
 NESTED_FAST_PATH = NestedFastPath()
-
-
-class ThreadSpan:
-    """A region of another thread than the trace's owner, while the trace records.
-
-    torch records other threads only under its ``profile_all_threads`` option, which costs ~10%
-    on a small step, drops memory events, and crashes when threads open ranges while the
-    profiler stops. So such regions are timed here and written into the trace at export, as
-    ``user_annotation`` events on their own thread's track.
-    """
-
-    __slots__ = ("_session", "_name")
-
-    def __init__(self, session: TraceSession, name: str) -> None:
-        self._session = session
-        self._name = name
-
-    def __enter__(self) -> ThreadSpan:
-        self._session.open_span(self, self._name, threading.get_native_id(), time.time_ns())
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self._session.close_span(self, time.time_ns())
 
 
 def entered(marker: Any) -> Any:
@@ -148,45 +127,42 @@ class TraceSession:
         self.step_block: Any = None
         self.left_open = False
         self.later_steps: list[int] = []
-        # Regions of the owner's thread are torch ranges; other threads' are ThreadSpans.
+        # Regions of the owner's thread and asyncio task are torch ranges; any other thread's or
+        # task's are spans (torch's ranges are per thread and must nest; tasks interleave).
         self.owner_thread = threading.get_ident()
+        self.owner_task = running_task()
         self.started_at = _dt.datetime.now(_dt.timezone.utc)
         self._t0 = 0.0
         self.wall_s = 0.0
         self.start_s = 0.0
         self.stop_s = 0.0
         self._profile: Optional[profile] = None
+        self.lost: Optional[str] = None  # why the trace cannot be written (another profiler)
         self._ranges = contextlib.ExitStack()
-        self._spans: list[tuple[str, int, int, int]] = []  # other threads' regions (ThreadSpan)
-        self._open_spans: dict[Any, tuple[str, int, int]] = {}
-        self._spans_lock = threading.Lock()
-        self._stopped = False
+        # Other threads' and tasks' regions; also guards ``roles``, frozen when the trace stops
+        # (a role added later is in neither the file name nor the metadata).
+        self.spans = SpanLog(self.owner_thread, self.roles)
 
-    def open_span(self, key: Any, name: str, native_tid: int, start_ns: int) -> None:
-        """A region of another thread began (see ThreadSpan)."""
-        with self._spans_lock:
-            if not self._stopped:
-                self._open_spans[key] = (name, native_tid, start_ns)
+    def owns_here(self) -> bool:
+        """Whether a region entered here may be a torch range: in the owner's thread and task."""
+        return self.owner_thread == threading.get_ident() and self.owner_task is running_task()
 
-    def close_span(self, key: Any, end_ns: int) -> None:
-        """It ended; one still open when the trace stops is cut off there, as torch does."""
-        with self._spans_lock:
-            opened = self._open_spans.pop(key, None)
-            if opened is not None and not self._stopped:
-                self._spans.append((*opened, end_ns))
-
-    @property
-    def spans(self) -> list[tuple[str, int, int, int]]:
-        """Other threads' regions: (range name, native thread id, start and end in epoch ns)."""
-        return self._spans
+    def span(self, name: str, role: str) -> ThreadSpan:
+        """A region's span in this trace (for a region outside the owner's thread or task); a
+        fused trace takes its role when the span opens, as long as the trace records."""
+        if self.fused:
+            sanitize_label(role, "role")  # a bad label is the region's ValueError at entry
+            return ThreadSpan(self.spans, name, role)
+        return ThreadSpan(self.spans, name)
 
     # --- labels -------------------------------------------------------------------------------
 
     def add_role(self, role: str) -> None:
+        """A region of the owner's thread and task entered a fused trace."""
         if role not in self.roles:
             # A bad label is the region's ValueError at entry, not a lost trace at stop.
             sanitize_label(role, "role")
-            self.roles.append(role)
+            self.spans.add_role(role)
 
     @property
     def file_role(self) -> str:
@@ -222,7 +198,7 @@ class TraceSession:
     def start(self) -> None:
         """Start torch's profiler and open the step and owner ranges. Raises if torch fails."""
         t0 = time.perf_counter()
-        prof = profile(**profiler_kwargs(self.config.contents))
+        prof = new_own_profile(**profiler_kwargs(self.config.contents))
         prof.start()
         self._profile = prof
         try:
@@ -245,11 +221,15 @@ class TraceSession:
         t0 = time.perf_counter()
         self.wall_s = t0 - self._t0
         prof = self._profile
-        with self._spans_lock:
-            self._stopped = True
-            stop_ns = time.time_ns()
-            self._spans.extend((*opened, stop_ns) for opened in self._open_spans.values())
-            self._open_spans.clear()
+        self.spans.stop()  # before the metadata: the roles it names are final from here on
+        if prof is not None and not kineto_recording():
+            # A user's profiler opened and closed inside this trace ended our Kineto session
+            # too ("stopping either turns both off"): stopping or exporting now would crash.
+            self.lost = "another torch profiler started and stopped inside it, which ended its recording"
+            with contextlib.suppress(Exception):
+                self._ranges.close()  # ending a range after Kineto stopped is harmless
+            self.stop_s = time.perf_counter() - t0
+            return
         try:
             self._ranges.close()
             if prof is not None and self.action is StepAction.RECORD:

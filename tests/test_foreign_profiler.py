@@ -1,0 +1,65 @@
+"""Someone else's torch profiler in the process: detected process-wide, never a crash.
+
+torch's per-thread ``_profiler_enabled()`` reads False in another thread and during a scheduled
+profiler's warm-up; a second Kineto session started then crashed the user's profiler at its exit
+(rc 139). Each case runs in a subprocess (tests/workers/foreign_profiler.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trace_helpers import check_trace_file, trace_files
+
+from torchstep_prof import parse_trace_name
+
+WORKER = Path(__file__).resolve().parent / "workers" / "foreign_profiler.py"
+
+CASES = {
+    # case: what the one warning says
+    "region-in-another-thread": "another torch profiler is recording",
+    "scope-in-another-thread": "another torch profiler is recording",
+    "their-warm-up": "another torch profiler is in its warm-up",
+    "theirs-inside-ours": "another torch profiler started and stopped inside it",
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every case, side by side: (returncode, output, save_path, user trace) by case."""
+    base = tmp_path_factory.mktemp("foreign")
+    procs = {}
+    for case in CASES:
+        folder, user_trace = base / case, base / f"{case}-user.json"
+        proc = subprocess.Popen(
+            [sys.executable, str(WORKER), case, str(folder), str(user_trace)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        procs[case] = (proc, folder, user_trace)
+    results = {}
+    for case, (proc, folder, user_trace) in procs.items():
+        output, _ = proc.communicate(timeout=240)
+        results[case] = (proc.returncode, output, folder, user_trace)
+    return results
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_nothing_of_ours_starts_while_another_profiler_runs(runs, case):
+    """No crash; the region runs unprofiled with one ForeignProfilerWarning saying why; the
+    user's trace is whole; ours profiles again once theirs is done."""
+    returncode, output, folder, user_trace = runs[case]
+    assert returncode == 0, output[-3000:]
+    assert output.rstrip().endswith("done"), output[-3000:]
+    warnings = [line for line in output.splitlines() if "ForeignProfilerWarning" in line]
+    assert len(warnings) == 1, warnings
+    assert CASES[case] in warnings[0]
+    with open(user_trace, encoding="utf-8") as handle:
+        assert json.load(handle)["traceEvents"]
+    # Only the trace of step 7, recorded after the user's profiler exited.
+    files = trace_files(folder)
+    assert [(parse_trace_name(p).role, parse_trace_name(p).step) for p in files] == [("after", 7)]
+    check_trace_file(files[0])
