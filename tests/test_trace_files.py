@@ -209,6 +209,7 @@ def test_distributed_info_and_metadata_carry_the_rank_without_a_process_group(sa
         "occurrence": 1,
         "rank": 3,
         "world_size": 4,
+        "pid": os.getpid(),
         "discrete": True,
     }
 
@@ -225,6 +226,7 @@ def test_fused_metadata(save_dir):
         "occurrence": 1,
         "rank": 0,
         "world_size": 1,
+        "pid": os.getpid(),
         "discrete": False,
     }
 

@@ -141,6 +141,7 @@ def check_trace_file(path: str | os.PathLike[str]) -> Trace:
         "world_size": name.world_size,
     }, meta
     assert isinstance(meta.get("discrete"), bool), meta
+    assert meta.get("pid") == name.pid, f"{path.name}: metadata pid {meta.get('pid')!r}"
     occurrence = meta.get("occurrence")
     assert isinstance(occurrence, int) and occurrence >= 1, f"{path.name}: occurrence {occurrence!r}"
     step_rows = [e["name"] for e in profiler_steps(trace)]

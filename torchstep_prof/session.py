@@ -10,6 +10,7 @@ import contextlib
 import datetime as _dt
 import functools
 import json
+import os
 import threading
 import time
 from typing import Any, Optional
@@ -264,6 +265,7 @@ class TraceSession:
             "occurrence": self.occurrence,
             "rank": rank,
             "world_size": world,
+            "pid": os.getpid(),
             "discrete": not self.fused,
         }
         # Labels are sanitized (ASCII, no quotes or backslashes): torch writes this unescaped.
