@@ -30,20 +30,28 @@ class Topology:
     local_world_size: int
 
 
-_GROUP_MEMBER: Any = None  # torch.distributed.GroupMember, once torch.distributed is imported
+_WORLD: Any = None  # torch.distributed's process-wide group registry, once it is imported
 
 
 def default_group() -> Any:
-    # Looked up without importing torch.distributed (a process that never imported it has no
-    # process group), and cheaply: this runs on the region path.
-    global _GROUP_MEMBER
-    group_member = _GROUP_MEMBER
-    if group_member is None:
+    """The default ``torch.distributed`` process group, or None (never imports torch.distributed).
+
+    Read on the region path (a rank's decision is cached per scope and re-made only when this
+    changes), so it reads the registry's attribute directly: ~50 ns, against ~250 ns for
+    ``GroupMember.WORLD``'s class property, which returns the same object.
+    """
+    global _WORLD
+    world = _WORLD
+    if world is None:
         dist = sys.modules.get("torch.distributed")
         if dist is None or not dist.is_available():
             return None
-        group_member = _GROUP_MEMBER = dist.GroupMember
-    return group_member.WORLD
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        world = getattr(c10d, "_world", None)
+        if world is None or not hasattr(world, "_default_pg"):  # another torch: the public way
+            return dist.GroupMember.WORLD
+        _WORLD = world
+    return world._default_pg
 
 
 def distributed_initialized() -> bool:
