@@ -146,3 +146,24 @@ def output_console() -> Console:
     from rich.console import Console
 
     return Console(file=sys.stdout)
+
+
+def add_straggler_argument(parser: argparse.ArgumentParser) -> None:
+    """``--straggler-ratio X``: the rule ``summarize``, its findings and ``report`` share."""
+    from ..summarize import DEFAULT_STRAGGLER_RATIO
+
+    parser.add_argument(
+        "--straggler-ratio",
+        type=_ratio,
+        default=DEFAULT_STRAGGLER_RATIO,
+        metavar="X",
+        help="a rank over X times its group's median (and 5 ms over it) is a straggler "
+        f"(default {DEFAULT_STRAGGLER_RATIO})",
+    )
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not value >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {text})")
+    return value

@@ -14,8 +14,6 @@ DEFAULT_OUTPUT = "report.html"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..summarize import DEFAULT_STRAGGLER_RATIO
-
     parser = subparsers.add_parser("report", help=HELP, description=HELP + ".")
     _tracedir.add_folder_argument(parser)
     _tracedir.add_filter_arguments(parser)
@@ -29,14 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--top", type=_positive, default=10, metavar="N", help="operators per region (default 10)"
     )
-    parser.add_argument(
-        "--straggler-ratio",
-        type=_ratio,
-        default=DEFAULT_STRAGGLER_RATIO,
-        metavar="X",
-        help="a rank over X times its group's median (and 5 ms over it) is a straggler "
-        f"(default {DEFAULT_STRAGGLER_RATIO})",
-    )
+    _tracedir.add_straggler_argument(parser)
     parser.set_defaults(func=lambda args: run(parser, args))
 
 
@@ -44,13 +35,6 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
-    return value
-
-
-def _ratio(text: str) -> float:
-    value = float(text)
-    if not value >= 1.0:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (got {text})")
     return value
 
 

@@ -13,8 +13,6 @@ HELP = "table of the traces in DIR by role/stage/step: wall time per rank, strag
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..summarize import DEFAULT_STRAGGLER_RATIO
-
     parser = subparsers.add_parser("summarize", help=HELP, description=HELP + ".")
     _tracedir.add_folder_argument(parser)
     _tracedir.add_filter_arguments(parser)
@@ -25,14 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="operators to list by self time (default 5; 0 reads faster)",
     )
-    parser.add_argument(
-        "--straggler-ratio",
-        type=_ratio,
-        default=DEFAULT_STRAGGLER_RATIO,
-        metavar="X",
-        help="a rank over X times its group's median (and 5 ms over it) is a straggler "
-        f"(default {DEFAULT_STRAGGLER_RATIO})",
-    )
+    _tracedir.add_straggler_argument(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=lambda args: run(parser, args))
 
@@ -41,13 +32,6 @@ def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
-    return value
-
-
-def _ratio(text: str) -> float:
-    value = float(text)
-    if not value >= 1.0:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (got {text})")
     return value
 
 
