@@ -121,17 +121,27 @@ def top_ops(trace: dict[str, Any], n: int) -> Tuple[OpTime, ...]:
     """
     if n <= 0:
         return ()
-    threads: dict[tuple[str, str], list[tuple[float, float, str, str]]] = {}
+    threads: dict[tuple[Any, Any], list[tuple[float, float, str, str]]] = {}
+    numbers = (int, float)  # exact types: bool is not a time
     for event in iter_events(trace):
         if event.get("ph") != "X":
             continue
-        ts, dur = _number(event.get("ts")), _number(event.get("dur"), duration=True)
-        if ts is None or dur is None:
-            continue
-        key = (repr(event.get("pid")), repr(event.get("tid")))
-        threads.setdefault(key, []).append(
-            (ts, dur, str(event.get("name", "")), str(event.get("cat", "")))
-        )
+        ts, dur = event.get("ts"), event.get("dur")
+        # The common case without a call: plain, sane numbers (NaN fails the comparisons).
+        if not (type(ts) in numbers and type(dur) in numbers and -MAX_TIME_US <= ts <= MAX_TIME_US and 0 <= dur <= MAX_TIME_US):
+            ts, dur = _number(ts), _number(dur, duration=True)
+            if ts is None or dur is None:
+                continue
+        key = (event.get("pid"), event.get("tid"))
+        try:
+            rows = threads.get(key)
+        except TypeError:  # an unhashable id (a list): its text names the track
+            key = (repr(key[0]), repr(key[1]))
+            rows = threads.get(key)
+        if rows is None:
+            rows = threads[key] = []
+        name, cat = event.get("name", ""), event.get("cat", "")
+        rows.append((ts, dur, name if type(name) is str else str(name), cat if type(cat) is str else str(cat)))
     totals: dict[str, float] = {}
     for rows in threads.values():
         # Parents before children: earlier start first, and the longer of two that start together.
