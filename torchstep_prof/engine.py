@@ -86,7 +86,8 @@ class Engine:
         self.writer = TraceWriter()
         self.forked = False
         self.warmed = False
-        self.counters: dict[tuple[str, str], Iterator[int]] = {}
+        # role -> stage -> counter (two lookups of interned strings beat building a tuple key)
+        self.counters: dict[str, dict[str, Iterator[int]]] = {}
         # (role, stage, step) -> traces started so far; (None, None, step) for fused ones
         self._occurrences: dict[tuple[Optional[str], Optional[str], int], int] = {}
         self._atexit_registered = False
@@ -184,9 +185,12 @@ class Engine:
 
     def count(self, role: str, stage: str) -> int:
         """The next number of the per-process counter of (role, stage), from 1."""
-        counter = self.counters.get((role, stage))
+        stages = self.counters.get(role)
+        if stages is None:
+            stages = self.counters.setdefault(role, {})
+        counter = stages.get(stage)
         if counter is None:
-            counter = self.counters.setdefault((role, stage), itertools.count(1))
+            counter = stages.setdefault(stage, itertools.count(1))
         return next(counter)
 
     # --- the profiler window -----------------------------------------------------------------

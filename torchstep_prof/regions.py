@@ -110,8 +110,20 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             return _IDLE_REGION
     if step is None:
         current = CURRENT_STEP.get(None)
-        if current is not None and current.skip_frame is frame:
-            return _IDLE_REGION  # the step block decided: not this step, or not this rank
+        if current is not None:
+            if current.skip_frame is frame:
+                return _IDLE_REGION  # the step block decided: not this step, or not this rank
+        else:
+            # Numbered by the counter. A (role, stage) that has a counter had its labels
+            # checked when the counter was made: straight to the decision.
+            stages = ENGINE.counters.get(role)
+            counter = stages.get(stage) if stages is not None else None
+            if counter is not None:
+                step = next(counter)
+                explicit = frame.explicit_steps
+                if (explicit is not None and step not in explicit) or frame.action(step) is _NONE:
+                    return _IDLE_REGION
+                return _Region(role, stage, step)
     try:  # labels are checked the first time they are seen, whether or not the step is profiled
         _RANGE_NAMES[role][stage]
     except KeyError:
@@ -121,8 +133,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             if current.action is _NONE and current.frame is frame:
                 return _IDLE_REGION  # one of the first steps: labels checked, still skipped
         else:
-            counter = ENGINE.counters.get((role, stage))
-            step = next(counter) if counter is not None else ENGINE.count(role, stage)
+            step = ENGINE.count(role, stage)
             explicit = frame.explicit_steps
             if (explicit is not None and step not in explicit) or frame.action(step) is _NONE:
                 return _IDLE_REGION
