@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import torchstep_prof as tsp
+from script_helpers import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,16 +61,6 @@ def test_nested_hooks_each_end_with_their_own_schedule(save_dir, tmp_path):
         run_steps(tmp_path, [3])
     assert outer.read_text() == "after step 1\n"  # once
     assert [h.outcome for h in tsp.records().hooks] == ["ok", "ok"]
-
-
-def run_script(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(code))
-    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
-    return subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**base, "PYTHONPATH": str(REPO), "COLUMNS": "200", **env},
-    )
 
 
 def test_an_environment_hook_runs_at_exit_on_a_rank_that_profiled_nothing(tmp_path):

@@ -18,18 +18,9 @@ from torchstep_prof.finish_hook import HookContext, run_hook
 from torchstep_prof.config import FinishHookConfig
 
 from dist_helpers import WORKERS, read_json, run_torchrun
+from script_helpers import run_script
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run_script(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(code))
-    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
-    return subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**base, "PYTHONPATH": str(REPO), "COLUMNS": "200", **env},
-    )  # fmt: skip
 
 
 def one_step(n: int) -> None:

@@ -15,18 +15,9 @@ import pytest
 from trace_helpers import check_trace_file, load_trace, range_names, trace_files
 
 from torchstep_prof import parse_trace_name
+from script_helpers import run_script
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run_script(code: str, tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(code))
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
-    full_env.update(PYTHONPATH=str(REPO), COLUMNS="200", **env)
-    return subprocess.run(
-        [sys.executable, str(script), *args], cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=300
-    )
 
 
 def assert_quiet_exit(result: subprocess.CompletedProcess[str]) -> None:

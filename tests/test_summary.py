@@ -16,6 +16,13 @@ import torch
 from rich.console import Console
 
 import torchstep_prof as tsp
+from script_helpers import run_script as _run_script
+
+
+def run_script(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    # Wide: every file name fits on its row, so ROW below reads whole rows.
+    return _run_script(code, tmp_path, timeout=120, columns=250, **env)
+
 
 REPO = Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^(\S+)\s+(\S+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\S+ \S+|-)\s+(\S+)$")
@@ -35,16 +42,6 @@ def files_of(rows: list[list[str]], names: list[str]) -> list[str]:
         assert len(matches) == 1, (row, matches)
         found.append(matches[0])
     return found
-
-
-def run_script(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(code))
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
-    full_env.update({"PYTHONPATH": str(REPO), "COLUMNS": "250", **env})
-    return subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=120
-    )
 
 
 def test_rendered_rows_match_the_records_and_the_files(tmp_path):
