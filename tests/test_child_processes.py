@@ -61,3 +61,24 @@ def test_children_ignore_the_configuration_they_inherit(tmp_path):
     assert hook_log.read_text().splitlines() == ["hook ran"]
     assert output.count("profiling cost") == 1, output[-3000:]  # one summary: the parent's
     assert not list(tmp_path.glob("outputs"))  # nobody wrote to the default save_path either
+
+
+def test_children_profile_with_what_they_inherit_when_asked(tmp_path):
+    """TORCHSTEP_PROF_CHILDREN=1: the same children use the inherited configuration (the
+    spawned child's third region is step 2 of its own counter, a file of its own pid)."""
+    folder = tmp_path / "profile"
+    env = dict(os.environ)
+    env.pop("TORCHSTEP_PROF_OWNER", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKERS), env.get("PYTHONPATH", "")]))
+    env["TORCHSTEP_PROF_OVERRIDES"] = f"schedule.steps=[2] save_path={folder} summary=false"
+    env["TORCHSTEP_PROF_CHILDREN"] = "1"
+    proc = subprocess.run(
+        [sys.executable, str(WORKERS / "env_children.py")], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    names = [parse_trace_name(p) for p in trace_files(folder)]
+    parent = {n.pid for n in names if n.role == "train"}
+    assert len(parent) == 1
+    children = [n for n in names if n.role == "child"]
+    assert [(n.stage, n.step) for n in children] == [("work", 2)]
+    assert children[0].pid not in parent

@@ -242,19 +242,7 @@ class Engine:
                 ProfilerStartWarning,
                 stacklevel=4,
             )
-            STORE.add_trace(
-                TraceRecord(
-                    role=sanitize_label(role, "role") if role else "main",
-                    stage=sanitize_label(stage, "stage") if stage else "train",
-                    step=step,
-                    rank=session.topology.rank,
-                    world_size=session.topology.world_size,
-                    discrete=role is not None,
-                    path=None,
-                    occurrence=session.occurrence,
-                    error=f"profiler failed to start: {exc!r}",
-                )
-            )
+            _record_unwritten(session, f"profiler failed to start: {exc!r}")
             return None
         owner = _OwnedTrace(self, session)
         if role is not None:
@@ -325,18 +313,7 @@ class Engine:
     def _record_lost(self, session: TraceSession) -> None:
         warn(f"torchstep_prof: trace of step {session.step} not written: {session.lost}", ForeignProfilerWarning, stacklevel=4)
         if session.action is StepAction.RECORD:
-            STORE.add_trace(
-                TraceRecord(
-                    role=session.file_role,
-                    stage=session.file_stage,
-                    step=session.step,
-                    rank=session.topology.rank,
-                    world_size=session.topology.world_size,
-                    discrete=not session.fused,
-                    path=None,
-                    error=session.lost,
-                )
-            )
+            _record_unwritten(session, session.lost)
 
     def _foreign_profiler_running(self) -> bool:
         """Someone else's profiler records or warms up somewhere in the process (the caller
@@ -539,6 +516,24 @@ def _report_left_open(session: TraceSession, record: TraceRecord) -> None:
         f"left-open:{id(session)}",
         f"region {record.role}/{record.stage} of step {session.step} stayed open after its step "
         f"ended (a suspended generator?){later}: what ran meanwhile landed in its trace {where}",
+    )
+
+
+def _record_unwritten(session: TraceSession, error: str) -> None:
+    """A trace ``session`` owned that has no file (the profiler failed to start, or another
+    profiler ended it): a row of the summary, labelled as its file would have been."""
+    STORE.add_trace(
+        TraceRecord(
+            role=session.file_role,
+            stage=session.file_stage,
+            step=session.step,
+            rank=session.topology.rank,
+            world_size=session.topology.world_size,
+            discrete=not session.fused,
+            path=None,
+            occurrence=session.occurrence,
+            error=error,
+        )
     )
 
 

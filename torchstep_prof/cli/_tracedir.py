@@ -167,3 +167,16 @@ def _ratio(text: str) -> float:
     if not value >= 1.0:
         raise argparse.ArgumentTypeError(f"must be >= 1 (got {text})")
     return value
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type`` for an integer >= ``minimum`` (``--top``, ``--occurrence``)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum} (got {value})")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its error: "invalid integer value"
+    return parse

@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--step", required=True, type=int, metavar="N")
     parser.add_argument(
         "--occurrence",
-        type=int,
+        type=_tracedir.int_at_least(1),
         default=1,
         metavar="K",
         help="the region's K-th entry in the step (default 1; >= 2 with gradient accumulation)",

@@ -25,17 +25,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"the page to write (default {DEFAULT_OUTPUT})",
     )
     parser.add_argument(
-        "--top", type=_positive, default=10, metavar="N", help="operators per region (default 10)"
+        "--top", type=_tracedir.int_at_least(1), default=10, metavar="N", help="operators per region (default 10)"
     )
     _tracedir.add_straggler_argument(parser)
     parser.set_defaults(func=lambda args: run(parser, args))
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
-    return value
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _tracedir.add_filter_arguments(parser)
     parser.add_argument(
         "--top",
-        type=_non_negative,
+        type=_tracedir.int_at_least(0),
         default=5,
         metavar="N",
         help="operators to list by self time (default 5; 0 reads faster)",
@@ -26,13 +26,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _tracedir.add_straggler_argument(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=lambda args: run(parser, args))
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
-    return value
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
