@@ -3,6 +3,7 @@ fed every trace of the process (SPEC "The finish hook")."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -107,6 +108,39 @@ def test_ctrl_c_during_the_exit_wait_kills_the_hook_process_group(tmp_path):
     assert live_members(hook_group) == []  # its whole process group (the background sleep too) is gone
     assert "interrupted; killed 1 finish hook process group(s)" in stderr
     assert "hook on rank 0: failed" in stdout and "SIGKILL" in stdout, stdout + stderr
+
+
+def test_ctrl_c_while_training_waits_for_the_hook_kills_it_and_records_it(tmp_path):
+    pid_file = tmp_path / "hook-pid"
+    code = f"""
+        import json, os, signal, threading, time
+        import torchstep_prof as tsp
+
+        def interrupt_once_the_hook_runs():
+            while not os.path.exists("{pid_file}"):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt_once_the_hook_runs, daemon=True).start()
+        caught = False
+        with tsp.configure(summary=False), tsp.schedule(steps=[1]), \\
+                tsp.on_finish('echo $$ > "{pid_file}"; sleep 60 & wait', wait=True):
+            try:
+                with tsp.step(1), tsp.profile_region("actor", "update"):
+                    pass
+            except KeyboardInterrupt:
+                caught = True
+        hooks = [[h.outcome, h.message] for h in tsp.records().hooks]
+        print(json.dumps({{"caught": caught, "hooks": hooks}}))
+    """
+    result = run_script(code, tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["caught"]  # the Ctrl-C reached the training loop
+    # killed with its whole group, recorded and warned about, and run once only
+    assert outcome["hooks"] == [["failed", "interrupted (Ctrl-C while training waited for it); its process group was killed"]]
+    assert "interrupted (Ctrl-C while training waited for it)" in result.stderr
+    assert live_members(int(pid_file.read_text())) == []
 
 
 def live_members(group: int) -> list[int]:

@@ -230,7 +230,7 @@ def interrupt_while_writing():
 done = threading.Event()
 os.makedirs(save_path, exist_ok=True)
 threading.Thread(target=interrupt_while_writing, daemon=True).start()
-caught = []
+caught, where = [], "loop"
 steps = [1, 2, 3, 4]
 with tsp.configure(save_path=save_path, summary=False), tsp.schedule(steps=steps), \\
         tsp.on_finish([sys.executable, "-c", checker, report], wait=True):

@@ -10,6 +10,7 @@ themselves live in context variables (:mod:`torchstep_prof.scopes`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import contextvars
 import itertools
 import os
@@ -286,8 +287,7 @@ class Engine:
                     self._stopping = False
                     deferred, self._deferred_finishes = self._deferred_finishes, []
                 # Hooks deferred while this trace recorded: their threads wait for its write.
-                for scope, where in deferred:
-                    self._start_hook(scope, where)
+                self._start_hooks(deferred)
         except Exception as exc:  # never let profiling replace the user's exception or result
             self._warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", TorchstepProfWarning)
 
@@ -383,12 +383,14 @@ class Engine:
 
     def scope_exited(self, frame: Frame, parent: Frame) -> None:
         open_blocks.end_under(frame)  # steps begun under it and left open end with it
-        if self.writer.has_pending:
-            self.writer.flush()
-        if frame.hook_scope is not None and frame.hook_scope is not parent.hook_scope:
-            self.finish(frame.hook_scope, frame.config)
-        if frame.schedule_scope is not parent.schedule_scope:
-            self._report_missed(frame)
+        try:
+            if self.writer.has_pending:
+                self.writer.flush()
+        finally:  # a Ctrl-C while waiting for the writer still starts the scope's hook
+            if frame.hook_scope is not None and frame.hook_scope is not parent.hook_scope:
+                self.finish(frame.hook_scope, frame.config)
+            if frame.schedule_scope is not parent.schedule_scope:
+                self._report_missed(frame)
 
     def _report_missed(self, frame: Frame) -> None:
         """The schedule ``frame`` introduced is over: note its selected steps that never ran."""
@@ -408,29 +410,25 @@ class Engine:
             scope.finished = True
         if self.forked:
             return
-        self.ensure_atexit()  # a process that only ran a hook prints its summary too
-        self.summary_wanted = scope.config.summary
-        with self.lock:
-            if self.session is not None or self._stopping:
-                # A trace is recording (a step inside a profiled region, another thread's
-                # trace) or stopping: the hook starts once it is on disk (stop_session).
-                self._deferred_finishes.append((scope, where))
-                return
-        self._start_hook(scope, where)
+        with _rearmed_on_interrupt([(scope, where)]):
+            self.ensure_atexit()  # a process that only ran a hook prints its summary too
+            self.summary_wanted = scope.config.summary
+            with self.lock:
+                if self.session is not None or self._stopping:
+                    # A trace is recording (a step inside a profiled region, another thread's
+                    # trace) or stopping: the hook starts once it is on disk (stop_session).
+                    self._deferred_finishes.append((scope, where))
+                    return
+            self._start_hooks([(scope, where)])
 
-    def _start_hook(self, scope: HookScope, where: Any) -> None:
+    def _start_hooks(self, finished: list[tuple[HookScope, Any]]) -> None:
+        if not finished:
+            return
         from .finishing import finish
 
-        try:
-            finish(scope, where, self.writer.flush)
-        except KeyboardInterrupt:
-            if not scope.hook_started:
-                # Ctrl-C (caught by the training loop) before the command started, while a
-                # wait=True hook waited for the writer: the hook is not lost, it runs when its
-                # scope exits (or at interpreter exit).
-                with scope.lock:
-                    scope.finished = False
-            raise
+        with _rearmed_on_interrupt(finished):
+            for scope, where in finished:
+                finish(scope, where, self.writer.flush)
 
     def close_open_blocks(self) -> None:
         """Interpreter exit: end the steps begun and never ended, stop a trace still recording in
@@ -458,8 +456,7 @@ class Engine:
                 self.finish(scope)
             with self.lock:
                 deferred, self._deferred_finishes = self._deferred_finishes, []
-            for scope, where in deferred:  # a trace still open at exit: its hooks run now
-                self._start_hook(scope, where)
+            self._start_hooks(deferred)  # a trace still open at exit: its hooks run now
             from .finishing import wait_at_exit
 
             wait_at_exit()
@@ -507,6 +504,21 @@ class Engine:
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
         self.writer.forget_after_fork()
+
+
+@contextlib.contextmanager
+def _rearmed_on_interrupt(finished: list[tuple[HookScope, Any]]) -> Iterator[None]:
+    """Ctrl-C (caught by the training loop) anywhere before a hook's command started — while a
+    ``wait=True`` hook waited for the writer, say — loses no hook: each scope whose command has
+    not started is finished again when it exits, or at interpreter exit."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        for scope, _ in finished:
+            with scope.lock:
+                if not scope.hook_started:
+                    scope.finished = False
+        raise
 
 
 def _report_left_open(session: TraceSession, record: TraceRecord) -> None:

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import IO, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import IO, Callable, Iterable, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import attrs
 
@@ -80,6 +80,8 @@ _write_lock = threading.Lock()
 _RUNNING: set[subprocess.Popen[bytes]] = set()
 _RUNNING_LOCK = threading.Lock()
 _cancelled = False  # set by kill_running_hooks: a hook not started yet never starts
+_INTERRUPTED = "interrupted (Ctrl-C while training waited for it); its process group was killed"
+T = TypeVar("T")
 
 
 def _roles(value: Iterable[str]) -> Tuple[str, ...]:
@@ -181,6 +183,7 @@ def run_hook(
     *,
     wait_s: float = 0.0,
     missing_ranks: Sequence[int] = (),
+    interrupt: Optional["HookInterrupt"] = None,
 ) -> HookRecord:
     """Run ``hook.cmd`` for ``context`` now, in this thread, and record how it went.
 
@@ -188,7 +191,8 @@ def run_hook(
     own session, streaming its output with a ``[rank r]`` prefix and killing its whole process
     group after ``hook.timeout_s``. ``wait_s`` and ``missing_ranks`` are what a per-node uploader
     waited (recorded here; the caller adds it to the costs) and did not hear from
-    (``_node_sync.wait_for_node``); missing ranks are warned about. Never raises for the command's
+    (``_node_sync.wait_for_node``); missing ranks are warned about. ``interrupt`` lets the
+    thread that waits for this one (``wait=True``) stop the command. Never raises for the command's
     sake: failures are ``FinishHookWarning`` warnings, and the returned record (also appended to
     ``tsp.records().hooks``) says ``ok``, ``failed``, ``timeout`` or ``not-started``.
 
@@ -222,6 +226,7 @@ def run_hook(
             hook_environment(context, traces_file=traces_file),
             timeout_s=hook.timeout_s,
             prefix=OUTPUT_PREFIX.format(rank=context.rank),
+            interrupt=interrupt,
         )
     finally:
         if traces_file is not None:  # the command has ended: the list served its purpose
@@ -251,52 +256,88 @@ def run_hook(
 # --- running the command ------------------------------------------------------------------------
 
 
-def _run_command(
-    cmd: Union[str, Tuple[str, ...]], env: dict[str, str], *, timeout_s: Optional[float], prefix: str
-) -> tuple[str, Optional[int], Optional[str]]:
-    argv = [_SHELL, "-c", cmd] if isinstance(cmd, str) else list(cmd)
-    with _RUNNING_LOCK:
-        if _cancelled:
-            return HOOK_NOT_STARTED, None, "not started: the process was interrupted (Ctrl-C) at exit"
-    try:
-        # A session of its own: a timeout can kill the hook's whole process group, grandchildren
-        # included, and a Ctrl-C meant for training does not reach an upload mid-way.
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        return HOOK_NOT_STARTED, None, f"could not start ({exc})"
-    with _RUNNING_LOCK:
-        _RUNNING.add(process)
-        if _cancelled:  # interrupted while it was starting
+class HookInterrupt:
+    """Ctrl-C in the training thread while it waits for a ``wait=True`` hook running on its own
+    thread (where no KeyboardInterrupt can land half-way through starting the command): before
+    the command starts, it never starts; after, its process group is killed."""
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self._process: Optional[subprocess.Popen[bytes]] = None
+
+    def interrupt(self) -> None:
+        with _RUNNING_LOCK:
+            self.interrupted = True
+            process = self._process
+        if process is not None:
             _signal_group(process.pid, signal.SIGKILL)
 
+    def unless_interrupted(self, start: Callable[[], T]) -> Optional[T]:
+        """``start()``, unless the hook was interrupted first (then None)."""
+        with _RUNNING_LOCK:
+            return None if self.interrupted else start()
+
+
+def _run_command(
+    cmd: Union[str, Tuple[str, ...]],
+    env: dict[str, str],
+    *,
+    timeout_s: Optional[float],
+    prefix: str,
+    interrupt: Optional[HookInterrupt] = None,
+) -> tuple[str, Optional[int], Optional[str]]:
+    argv = [_SHELL, "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    process: Optional[subprocess.Popen[bytes]] = None
+    readers: list[threading.Thread] = []
     last_error_line: deque[str] = deque(maxlen=1)
-    readers = [
-        _start_reader(process.stdout, "stdout", prefix, None),
-        _start_reader(process.stderr, "stderr", prefix, last_error_line),
-    ]
     timed_out = False
     try:
+        # Started under the lock: a Ctrl-C at exit (kill_running_hooks) either keeps the command
+        # from starting or finds it running and kills it, never misses one that is just starting.
+        with _RUNNING_LOCK:
+            if _cancelled:
+                return HOOK_NOT_STARTED, None, "not started: the process was interrupted (Ctrl-C) at exit"
+            if interrupt is not None and interrupt.interrupted:
+                return HOOK_NOT_STARTED, None, "not started: interrupted (Ctrl-C while training waited for it)"
+            try:
+                # A session of its own: a timeout can kill the hook's whole process group,
+                # grandchildren included, and a Ctrl-C meant for training does not reach an upload.
+                process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    start_new_session=True,
+                )
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                return HOOK_NOT_STARTED, None, f"could not start ({exc})"
+            _RUNNING.add(process)
+            if interrupt is not None:
+                interrupt._process = process
+        readers = [
+            _start_reader(process.stdout, "stdout", prefix, None),
+            _start_reader(process.stderr, "stderr", prefix, last_error_line),
+        ]
         try:
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(process)
     except BaseException:
-        # A KeyboardInterrupt while waiting: the hook must not outlive the interrupted wait.
-        _kill_group(process)
+        # A KeyboardInterrupt while training waits for it (wait=True): the hook must not
+        # outlive the interrupted wait.
+        if process is not None:
+            _kill_group(process)
         raise
     finally:
-        with _RUNNING_LOCK:
-            _RUNNING.discard(process)
+        if process is not None:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(process)
         _join_readers(readers)
 
+    if interrupt is not None and interrupt.interrupted:
+        return HOOK_FAILED, process.returncode, _INTERRUPTED
     if timed_out:
         return HOOK_TIMEOUT, None, f"timed out after {timeout_s:g} s; its process group was killed"
     code = process.returncode

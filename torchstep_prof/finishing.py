@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import attrs
 
@@ -25,6 +25,9 @@ from .record_store import STORE
 from .scopes import HookScope
 from .selection import rank_selected
 from .topology import Topology, current_topology
+
+if TYPE_CHECKING:
+    from .finish_hook import HookInterrupt
 
 __all__ = ["finish", "runs_hook", "wait_at_exit", "wait_for_hooks"]
 
@@ -67,20 +70,23 @@ def runs_hook(scope: HookScope, topology: Topology, where: Optional[ProfilerConf
 
 
 def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Callable[..., object]) -> None:
-    """Profiling under ``scope`` is finished: run its hook where this rank is selected — now, in
-    this thread, for ``wait=True``; else on a background thread, and return at once."""
+    """Profiling under ``scope`` is finished: run its hook where this rank is selected, on a
+    thread of its own, and return at once; for ``wait=True``, once the command has ended.
+
+    A Ctrl-C while waiting (``wait=True``) stops the hook and reaches the caller: a command not
+    started yet never starts (its scope can finish again), a running one is killed and recorded."""
+    from .finish_hook import HookInterrupt
+
     config = scope.config
     hook = config.finish_hook
     if hook is None or not config.enable:
         return
-    if hook.wait:
-        _run(scope, where, flush_traces, background=False)
-        return
     run = _HookRun(f"finish hook on rank {current_topology().rank} ({_short(hook.cmd)})")
+    interrupt = HookInterrupt()
 
-    def in_background() -> None:
+    def on_its_thread() -> None:
         try:
-            _run(scope, where, flush_traces, background=True)
+            _run(scope, where, flush_traces, interrupt, counted=hook.wait)
         finally:
             run.done.set()
             unregister()
@@ -89,11 +95,23 @@ def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Call
         _RUNS[:] = [other for other in _RUNS if not other.done.is_set()]
         _RUNS.append(run)
     unregister = background.add(background.HOOKS, run.done.wait)  # tsp.flush() waits for it
-    threading.Thread(target=in_background, name="torchstep_prof-finish-hook", daemon=True).start()
+    threading.Thread(target=on_its_thread, name="torchstep_prof-finish-hook", daemon=True).start()
+    if hook.wait:
+        try:
+            run.done.wait()
+        except KeyboardInterrupt:
+            interrupt.interrupt()
+            run.done.wait(timeout=5.0)  # let it record how the command ended
+            raise
 
 
 def _run(
-    scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Callable[..., object], *, background: bool
+    scope: HookScope,
+    where: Optional[ProfilerConfig],
+    flush_traces: Callable[..., object],
+    interrupt: "HookInterrupt",
+    *,
+    counted: bool,
 ) -> None:
     from . import _node_sync
     from .finish_hook import HookContext, run_hook
@@ -101,9 +119,9 @@ def _run(
     config = scope.config
     hook = config.finish_hook
     assert hook is not None  # checked by finish()
-    # Every trace of the process is on disk (and listed) before the command; a hook thread's
-    # wait is not time the training thread waited for the writer.
-    flush_traces(count=not background)
+    # Every trace of the process is on disk (and listed) before the command; only when training
+    # waits for the hook is this wait time the training thread waited for the writer.
+    flush_traces(count=counted)
     topology = current_topology()
     if hook.per_node:
         _node_sync.mark_finished(scope.scope_id, topology.local_rank)
@@ -115,7 +133,10 @@ def _run(
         missing = _node_sync.wait_for_node(scope.scope_id, topology.local_world_size, hook.node_wait_s)
         wait_s = time.perf_counter() - t0
         STORE.add_costs(hook_wait_s=wait_s)
-    traces, roles = scope.start_hook()
+    handed = interrupt.unless_interrupted(scope.start_hook)
+    if handed is None:  # Ctrl-C before the command started: the scope finishes again later
+        return
+    traces, roles = handed
     context = HookContext(
         save_path=os.path.abspath(config.save_path),
         rank=topology.rank,
@@ -126,7 +147,7 @@ def _run(
         traces=tuple(os.path.abspath(path) for path in traces),
     )
     try:
-        run_hook(hook, context, wait_s=wait_s, missing_ranks=missing)
+        run_hook(hook, context, wait_s=wait_s, missing_ranks=missing, interrupt=interrupt)
     finally:
         if hook.per_node:
             _node_sync.cleanup(scope.scope_id)
