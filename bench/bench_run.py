@@ -77,8 +77,8 @@ def in_process(report: Report, quick: bool) -> None:
 
     _timing.clean_environment()
     import torchstep_prof as tsp
-    from torchstep_prof.scopes import current_frame
-    from torchstep_prof.zero_code import StepDriver
+    from torchstep_prof.frames import current_frame
+    from torchstep_prof.zero_code.boundaries import StepDriver
 
     mlp_step = _timing.make_mlp_step(width=512, batch=64, layers=3)
     with tempfile.TemporaryDirectory() as scratch, tsp.configure(save_path=scratch, summary=False, discrete=False), \

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 import torchstep_prof as tsp  # noqa: E402
 from torchstep_prof.record_store import STORE as _STORE  # noqa: E402
-from torchstep_prof import scopes as _scopes  # noqa: E402
+from torchstep_prof import frames as _frames  # noqa: E402
 from torchstep_prof.engine import ENGINE as _ENGINE  # noqa: E402
 from torchstep_prof import topology as _topology  # noqa: E402
 
@@ -39,7 +39,7 @@ def _fresh_process_state(monkeypatch):
     for name in _ENGINE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     _STORE.clear()
-    _scopes.reset_root()
+    _frames.reset_root()
     _topology.forget_topology()
     _ENGINE.forget_occurrences()
     yield
@@ -61,7 +61,7 @@ def _fresh_process_state(monkeypatch):
         except Exception:
             pass
     _STORE.clear()
-    _scopes.reset_root()
+    _frames.reset_root()
     _topology.forget_topology()
     assert not leaked_torch, "a torch profiler was left running after the test"
     assert leaked_session is None, "torchstep_prof's profiler was left running after the test"

@@ -7,7 +7,7 @@ import unicodedata
 
 from hypothesis import strategies as st
 
-from torchstep_prof.config import CONTENT_NAMES, FinishHookConfig, ProfilerConfig, ScheduleConfig
+from torchstep_prof.config.model import CONTENT_NAMES, FinishHookConfig, ProfilerConfig, ScheduleConfig
 
 # Any text but lone surrogates (no file encoding can hold them).
 ANY_TEXT = st.characters(blacklist_categories=("Cs",))

@@ -12,9 +12,9 @@ import yaml
 from hypothesis import given, settings
 
 from strategies import configs
-from torchstep_prof.config import FinishHookConfig, ProfilerConfig, ScheduleConfig
-from torchstep_prof.config_files import dump_config, format_config, load_config, parse_yaml
-from torchstep_prof.converter import to_dict
+from torchstep_prof.config.model import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from torchstep_prof.config.files import dump_config, format_config, load_config, parse_yaml
+from torchstep_prof.config.converter import to_dict
 from torchstep_prof.errors import ConfigError
 
 try:

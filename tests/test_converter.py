@@ -12,8 +12,8 @@ from hypothesis import given, settings
 
 import torchstep_prof
 from strategies import configs, finish_hooks, schedules
-from torchstep_prof.config import FinishHookConfig, ProfilerConfig, ScheduleConfig
-from torchstep_prof.converter import _converter, from_dict, schema, to_dict
+from torchstep_prof.config.model import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from torchstep_prof.config.converter import _converter, from_dict, schema, to_dict
 from torchstep_prof.errors import ConfigError
 
 ALL_TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook"
@@ -97,8 +97,8 @@ def test_converter_is_private() -> None:
 def test_importing_the_config_modules_does_not_import_cattrs_or_yaml() -> None:
     root = str(Path(torchstep_prof.__file__).resolve().parents[1])
     code = (
-        "import sys; import torchstep_prof.config, torchstep_prof.converter, "
-        "torchstep_prof.config_files, torchstep_prof.overrides, torchstep_prof.environment; "
+        "import sys; import torchstep_prof.config.model, torchstep_prof.config.converter, "
+        "torchstep_prof.config.files, torchstep_prof.config.overrides, torchstep_prof.config.environment; "
         "print(sorted(m for m in ('cattrs', 'yaml') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

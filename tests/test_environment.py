@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from torchstep_prof.config import FinishHookConfig, ProfilerConfig, ScheduleConfig
-from torchstep_prof.config_files import dump_config
-from torchstep_prof.environment import (
+from torchstep_prof.config.model import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from torchstep_prof.config.files import dump_config
+from torchstep_prof.config.environment import (
     ENV_CONFIG,
     ENV_OVERRIDES,
     ENV_SUMMARY,
@@ -190,7 +190,7 @@ def test_five_bad_overrides_are_all_listed_as_apply_overrides_lists_them() -> No
     # The malformed ones and the bad value of a well-formed one (`schedule.wait=-1`) together.
     import shlex
 
-    from torchstep_prof.overrides import apply_overrides
+    from torchstep_prof.config.overrides import apply_overrides
 
     text = "schedule.wait=-1 noequals sav_path=x 'ranks=[a' gzip=maybe"
     expected = [

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from torchstep_prof.config import FinishHookConfig
+from torchstep_prof.config.model import FinishHookConfig
 from torchstep_prof.errors import FinishHookWarning
-from torchstep_prof.finish_hook import (
+from torchstep_prof.hook.command import (
     ENV_LOCAL_RANK,
     ENV_PID,
     ENV_RANK,

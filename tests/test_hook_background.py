@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import torchstep_prof as tsp
-from torchstep_prof.finish_hook import HookContext, run_hook
-from torchstep_prof.config import FinishHookConfig
+from torchstep_prof.hook.command import HookContext, run_hook
+from torchstep_prof.config.model import FinishHookConfig
 
 from dist_helpers import WORKERS, read_json, run_torchrun
 from script_helpers import run_script

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torchstep_prof import _node_sync
+from torchstep_prof.hook import node_sync as _node_sync
 from torchstep_prof.errors import FinishHookWarning
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ import json, sys, time, types
 package = types.ModuleType("torchstep_prof")
 package.__path__ = [sys.argv[1]]
 sys.modules["torchstep_prof"] = package
-from torchstep_prof import _node_sync
+from torchstep_prof.hook import node_sync as _node_sync
 role, scope, local_rank = sys.argv[2], sys.argv[3], int(sys.argv[4])
 print("ready", flush=True)
 start_at = float(sys.stdin.readline())

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 
 from strategies import TYPED_TEXT, configs
-from torchstep_prof.config import FinishHookConfig, ProfilerConfig, ScheduleConfig
-from torchstep_prof.converter import to_dict
+from torchstep_prof.config.model import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from torchstep_prof.config.converter import to_dict
 from torchstep_prof.errors import ConfigError
-from torchstep_prof.overrides import Override, apply_overrides, parse_overrides
+from torchstep_prof.config.overrides import Override, apply_overrides, parse_overrides
 
 TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook"
 

@@ -22,7 +22,7 @@ from trace_helpers import check_trace_file, everything_under, trace_files
 
 import torchstep_prof as tsp
 from torchstep_prof import TraceWriteWarning, parse_trace_name
-from torchstep_prof._temp_files import TEMP_PREFIX, host_label
+from torchstep_prof.writing.temp_files import TEMP_PREFIX, host_label
 
 REPO = Path(tsp.__file__).resolve().parents[1]
 

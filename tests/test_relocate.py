@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from torchstep_prof.errors import FinishHookWarning
-from torchstep_prof.relocate import relocate_traces, relocated_name
+from torchstep_prof.hook.relocate import relocate_traces, relocated_name
 
 
 def _write(path: Path, text: str) -> Path:

@@ -20,7 +20,7 @@ from trace_helpers import check_trace_file, everything_under, load_trace, trace_
 
 import torchstep_prof as tsp
 from torchstep_prof import background, parse_trace_name
-from torchstep_prof.export import MAX_PENDING
+from torchstep_prof.writing.writer import MAX_PENDING
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 REPO = Path(tsp.__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from trace_factory import (
     write_truncated,
 )
 
-from torchstep_prof.tracefiles import (
+from torchstep_prof.traces.files import (
     OpTime,
     TraceFilter,
     TraceReadError,

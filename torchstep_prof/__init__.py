@@ -25,43 +25,43 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "CONTENT_NAMES": "config",
+    "CONTENT_NAMES": "config.model",
     "ConfigError": "errors",
-    "FinishHookConfig": "config",
+    "FinishHookConfig": "config.model",
     "FinishHookWarning": "errors",
     "ForeignProfilerWarning": "errors",
     "HookRecord": "record_store",
-    "ProfilerConfig": "config",
+    "ProfilerConfig": "config.model",
     "ProfilerStartWarning": "errors",
     "ProfilingCosts": "record_store",
     "ProfilingRecords": "record_store",
-    "ScheduleConfig": "config",
+    "ScheduleConfig": "config.model",
     "TorchstepProfError": "errors",
     "TorchstepProfWarning": "errors",
-    "TraceName": "naming",
+    "TraceName": "traces.names",
     "TraceRecord": "record_store",
     "TraceWriteWarning": "errors",
-    "apply_overrides": "overrides",
+    "apply_overrides": "config.overrides",
     "begin_step": "regions",
-    "build_trace_name": "naming",
+    "build_trace_name": "traces.names",
     "configure": "scopes",
     "contents": "scopes",
-    "dump_config": "config_files",
+    "dump_config": "config.files",
     "effective_config": "scopes",
     "end_step": "regions",
     "flush": "background",
-    "from_dict": "converter",
-    "load_config": "config_files",
+    "from_dict": "config.converter",
+    "load_config": "config.files",
     "on_finish": "scopes",
-    "parse_trace_name": "naming",
-    "print_summary": "summary",
+    "parse_trace_name": "traces.names",
+    "print_summary": "exit_summary",
     "profile_region": "regions",
     "profiled": "regions",
     "ranks": "scopes",
     "records": "record_store",
     "schedule": "scopes",
     "step": "regions",
-    "to_dict": "converter",
+    "to_dict": "config.converter",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -88,13 +88,13 @@ def _warm_up_for_the_environment() -> None:
     # environment is reported later, where SPEC.md says: at the first scope or region.
     import sys
 
-    from .environment import ENV_CONFIG, ENV_OVERRIDES
+    from .config.environment import ENV_CONFIG, ENV_OVERRIDES
 
     if "torch" not in sys.modules or not (_os.environ.get(ENV_CONFIG) or _os.environ.get(ENV_OVERRIDES)):
         return
-    from .config import ProfilerConfig
+    from .config.model import ProfilerConfig
     from .engine import ENGINE
-    from .environment import read_environment
+    from .config.environment import read_environment
     from .errors import ConfigError
     from .selection import rank_selected
     from .topology import current_topology
@@ -111,10 +111,10 @@ def _warm_up_for_the_environment() -> None:
 _warm_up_for_the_environment()
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from .config import CONTENT_NAMES, FinishHookConfig, ProfilerConfig, ScheduleConfig
+    from .config.model import CONTENT_NAMES, FinishHookConfig, ProfilerConfig, ScheduleConfig
     from .background import flush
-    from .config_files import dump_config, load_config
-    from .converter import from_dict, to_dict
+    from .config.files import dump_config, load_config
+    from .config.converter import from_dict, to_dict
     from .errors import (
         ConfigError,
         FinishHookWarning,
@@ -124,9 +124,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         TorchstepProfWarning,
         TraceWriteWarning,
     )
-    from .naming import TraceName, build_trace_name, parse_trace_name
-    from .overrides import apply_overrides
+    from .traces.names import TraceName, build_trace_name, parse_trace_name
+    from .config.overrides import apply_overrides
     from .record_store import HookRecord, ProfilingCosts, ProfilingRecords, TraceRecord, records
     from .regions import begin_step, end_step, profile_region, profiled, step
     from .scopes import configure, contents, effective_config, on_finish, ranks, schedule
-    from .summary import print_summary
+    from .exit_summary import print_summary

@@ -22,15 +22,15 @@ from typing import Any, Iterator, Optional
 import torch
 
 from ._foreign import foreign_profiler, new_own_profile
-from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
-from .naming import range_label, sanitize_label
+from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, TraceWriteWarning, warn
+from .traces.names import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
 from . import open_blocks
-from .scopes import Frame, HookScope, env_hook_scope, frame_if_read
+from .frames import Frame, HookScope, env_hook_scope, frame_if_read, when_env_sets_a_hook
 from .selection import StepAction, last_selected_step
 from .session import NESTED_FAST_PATH, TraceSession, entered, new_range, profiler_kwargs
 from .topology import current_topology
-from .export import TraceWriter
+from .writing.writer import TraceWriter
 
 __all__ = ["CURRENT_STEP", "ENGINE", "ForeignProfilerWarning", "ProfilerStartWarning"]
 
@@ -99,28 +99,15 @@ class Engine:
 
     # --- regions and steps -------------------------------------------------------------------
 
-    def enter_region(self, frame: Frame, role: str, stage: str, step: Optional[int]) -> Any:
-        """A region's entry under a frame that may profile; returns an object whose
-        ``__exit__`` must be called when the region exits, or None when there is nothing to do."""
-        if frame.idle or self.forked:  # idle: the root frame, resolved on first use
+    def start_region(self, frame: Frame, role: str, stage: str, step: int, action: StepAction) -> Any:
+        """Carry out what ``profile_region`` decided (``action`` for ``step`` under ``frame``):
+        start a trace, or be a range in one another thread started meanwhile. Returns an object
+        whose ``__exit__`` must be called when the region exits, or None."""
+        if self.forked:
             return None
-        current = CURRENT_STEP.get(None)
         session = self.session
         if session is not None:
-            if step is None and current is None:
-                self.count(role, stage)  # counters count every entry under a schedule
             return entered(self.range_in(session, role, stage))
-        if step is not None:
-            action = self.decide(frame, step)
-        elif current is None:
-            step = self.count(role, stage)
-            action = self.decide(frame, step)
-        else:
-            step = current.number
-            # The step block decided for its frame; a scope entered inside it decides anew.
-            action = current.action if current.frame is frame else self.decide(frame, step)
-        if action is StepAction.NONE:
-            return None
         return self._start(frame, role, stage, step, action)
 
     @staticmethod
@@ -133,17 +120,6 @@ class Engine:
                 session.add_role(role)
             return new_range(name)
         return session.span(name, role)
-
-    def decide(self, frame: Frame, step: int) -> StepAction:
-        """The action for ``step`` under ``frame`` on this rank; remembers selected steps (per
-        schedule scope: see missed_steps)."""
-        action = frame.action(step)
-        if action is not StepAction.NONE:
-            if frame.schedule_scope is not None:
-                frame.schedule_scope.saw(step)
-            if frame.hook_scope is not None and not frame.hook_scope.profiled:
-                frame.hook_scope.mark_profiled()
-        return action
 
     def enter_step(self, frame: Frame, number: int, action: StepAction) -> Any:
         """A fused ``step`` block's entry: start the trace it owns (its step is selected)."""
@@ -424,7 +400,7 @@ class Engine:
     def _start_hooks(self, finished: list[tuple[HookScope, Any]]) -> None:
         if not finished:
             return
-        from .finishing import finish
+        from .hook.finishing import finish
 
         with _rearmed_on_interrupt(finished):
             for scope, where in finished:
@@ -457,11 +433,11 @@ class Engine:
             with self.lock:
                 deferred, self._deferred_finishes = self._deferred_finishes, []
             self._start_hooks(deferred)  # a trace still open at exit: its hooks run now
-            from .finishing import wait_at_exit
+            from .hook.finishing import wait_at_exit
 
             wait_at_exit()
         finally:
-            from .summary import print_summary_at_exit
+            from .exit_summary import print_summary_at_exit
 
             print_summary_at_exit(self.summary_wanted)
 
@@ -550,5 +526,6 @@ def _record_unwritten(session: TraceSession, error: str) -> None:
 
 
 ENGINE = Engine()
+when_env_sets_a_hook(ENGINE.ensure_atexit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=ENGINE.after_fork_in_child)

@@ -16,7 +16,7 @@ from typing import Iterator, Optional, Tuple
 
 import attrs
 
-from .config import ScheduleConfig
+from .config.model import ScheduleConfig
 from .record_store import MAX_MISSED_RANGES
 from .selection import count_selected, last_selected_step, selected_ranges
 

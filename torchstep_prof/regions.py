@@ -2,7 +2,10 @@
 
 These are the hot path: users leave them around every stage of every step. When nothing can be
 profiled (no schedule in force, or profiling disabled) a region reads one context variable and
-one attribute, and returns. They are classes, not generator context managers (~4x cheaper).
+one attribute, and returns. ``profile_region`` is the one place that decides what a region does
+(a range in a running trace, nothing, or a trace of its own that the engine starts); a ``step``
+block decides once for the regions inside it. They are classes, not generator context managers
+(~4x cheaper).
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from ._wrapping import around_each_call
 from .engine import _RANGE_NAMES, CURRENT_STEP, ENGINE, range_name
 from .session import NESTED_FAST_PATH as _NESTED
 from .session import new_range
-from .naming import sanitize_label
-from .scopes import _ROOT, _STACK, current_frame
+from .traces.names import sanitize_label
+from .frames import _ROOT, _STACK, Frame, current_frame
 from .selection import StepAction
 
 __all__ = ["begin_step", "end_step", "profile_region", "profiled", "step"]
@@ -42,18 +45,22 @@ _IDLE_REGION = _IdleRegion()
 
 
 class _Region:
-    __slots__ = ("role", "stage", "step", "_active")
+    """A region ``profile_region`` decided to profile: its ``with`` starts the trace."""
 
-    def __init__(self, role: str, stage: str, step: Optional[int]) -> None:
+    __slots__ = ("frame", "role", "stage", "step", "action", "_active")
+
+    def __init__(self, frame: Frame, role: str, stage: str, step: int, action: StepAction) -> None:
+        self.frame = frame
         self.role = role
         self.stage = stage
         self.step = step
+        self.action = action
         self._active: Any = None
 
     def __enter__(self) -> _Region:
         if self._active is not None:
             raise RuntimeError(f"profile_region({self.role!r}, {self.stage!r}) is already entered; make a new one")
-        self._active = ENGINE.enter_region(current_frame(), self.role, self.stage, self.step)
+        self._active = ENGINE.start_region(self.frame, self.role, self.stage, self.step, self.action)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -77,9 +84,10 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
     ``step`` overrides the enclosing ``step(n)`` block; without either, a per-process counter
     per (role, stage) numbers the entries made while a schedule is in force, from 1.
 
-    The configuration is read as the region is made, which in ``with profile_region(...)`` is
-    as it is entered; the object is meant for that one ``with``. With no schedule in force (or profiling disabled) this returns a shared
-    no-op at once: the cost of leaving regions in production code.
+    What the region does is decided as it is made, which in ``with profile_region(...)`` is as
+    it is entered; the object is meant for that one ``with``. With no schedule in force (or
+    profiling disabled) this returns a shared no-op at once: the cost of leaving regions in
+    production code.
     """
     # The hot path: each branch does the least it can. Not profiling: one context-variable read
     # and two attributes. Inside a running trace: the range object itself, entered by the
@@ -108,38 +116,44 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
         frame = current_frame()
         if frame.idle:
             return _IDLE_REGION
+    # No trace records and a schedule is in force: here, and only here, a region's fate is
+    # decided. Its step: ``step=``, else the enclosing step block's, else the counter's.
     if step is None:
         current = CURRENT_STEP.get(None)
         if current is not None:
             if current.skip_frame is frame:
                 return _IDLE_REGION  # the step block decided: not this step, or not this rank
+            _check_labels(role, stage)
+            step = current.number
+            # The block decided for its own frame; a scope entered inside it decides anew.
+            action = current.action if current.frame is frame else frame.action(step)
         else:
-            # Numbered by the counter. A (role, stage) that has a counter had its labels
-            # checked when the counter was made: straight to the decision.
             stages = ENGINE.counters.get(role)
             counter = stages.get(stage) if stages is not None else None
-            if counter is not None:
+            if counter is None:  # labels are checked when the counter is made
+                _check_labels(role, stage)
+                step = ENGINE.count(role, stage)
+            else:
                 step = next(counter)
-                explicit = frame.explicit_steps
-                if (explicit is not None and step not in explicit) or frame.action(step) is _NONE:
-                    return _IDLE_REGION
-                return _Region(role, stage, step)
-    try:  # labels are checked the first time they are seen, whether or not the step is profiled
+            explicit = frame.explicit_steps
+            if explicit is not None and step not in explicit:
+                return _IDLE_REGION  # the most common case, kept to one set lookup
+            action = frame.action(step)
+    else:
+        _check_labels(role, stage)
+        action = frame.action(step)
+    if action is _NONE:
+        return _IDLE_REGION
+    frame.selected(step)
+    return _Region(frame, role, stage, step, action)
+
+
+def _check_labels(role: str, stage: str) -> None:
+    """Labels are checked the first time they are seen, whether or not the step is profiled."""
+    try:
         _RANGE_NAMES[role][stage]
     except KeyError:
         range_name(role, stage)
-    if step is None:
-        if current is not None:
-            if current.action is _NONE and current.frame is frame:
-                return _IDLE_REGION  # one of the first steps: labels checked, still skipped
-        else:
-            step = ENGINE.count(role, stage)
-            explicit = frame.explicit_steps
-            if (explicit is not None and step not in explicit) or frame.action(step) is _NONE:
-                return _IDLE_REGION
-    elif frame.action(step) is _NONE:
-        return _IDLE_REGION
-    return _Region(role, stage, step)
 
 
 class step:
@@ -175,7 +189,7 @@ class step:
         self.frame = frame
         self._owned = None
         # Decided once per step: regions inside read it instead of re-deciding.
-        self.action = _NONE if frame.idle else ENGINE.decide(frame, self.number)
+        self.action = _NONE if frame.idle else frame.decide(self.number)
         # Regions of a skipped step return at once, except in the first steps a schedule sees:
         # those take the full path once, so a bad label fails early, not on a profiled step.
         self.skip_frame = frame if self.action is _NONE and frame.labels_seen_enough() else None

@@ -20,9 +20,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from ._foreign import kineto_recording, new_own_profile
 from ._spans import SpanLog, ThreadSpan, running_task
-from .config import ProfilerConfig
+from .config.model import ProfilerConfig
 from .errors import TorchstepProfWarning, warn
-from .naming import fit_label, range_label, sanitize_label
+from .traces.names import fit_label, range_label, sanitize_label
 from .selection import StepAction
 from .topology import Topology, distributed_initialized
 

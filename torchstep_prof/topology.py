@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 
 import attrs
 
-from ._ray_rank import warn_if_ray_actor_without_rank
+from .integrations._ray_rank import warn_if_ray_actor_without_rank
 from .errors import warn
 
 __all__ = ["Topology", "current_topology"]

@@ -8,12 +8,12 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TextIO
 
-from ..tracefiles import TraceFilter, TraceInfo, Unreadable, find_trace_files, scan_traces
+from ..traces.files import TraceFilter, TraceInfo, Unreadable, find_trace_files, scan_traces
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..runs import OtherRun
+    from ..traces.runs import OtherRun
 
 PROG = "torchstep-prof"
 
@@ -102,8 +102,8 @@ def report_unreadable(unreadable: Sequence[Unreadable], stream: TextIO | None = 
 
 
 def newest_runs(infos: Sequence[TraceInfo]) -> tuple[list[TraceInfo], tuple[OtherRun, ...]]:
-    """The newest run of each rank (see :mod:`torchstep_prof.runs`), the others warned about."""
-    from ..runs import choose_runs, describe_other_runs
+    """The newest run of each rank (see :mod:`torchstep_prof.traces.runs`), the others warned about."""
+    from ..traces.runs import choose_runs, describe_other_runs
 
     choice = choose_runs(infos)
     for line in describe_other_runs(choice.other_runs):
@@ -150,7 +150,7 @@ def output_console() -> Console:
 
 def add_straggler_argument(parser: argparse.ArgumentParser) -> None:
     """``--straggler-ratio X``: the rule ``summarize``, its findings and ``report`` share."""
-    from ..summarize import DEFAULT_STRAGGLER_RATIO
+    from ..traces.summarize import DEFAULT_STRAGGLER_RATIO
 
     parser.add_argument(
         "--straggler-ratio",

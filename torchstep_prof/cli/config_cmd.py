@@ -33,9 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Carry out ``config``; returns the exit code."""
-    from ..config import ProfilerConfig
-    from ..config_files import format_config, load_config
-    from ..environment import read_environment
+    from ..config.model import ProfilerConfig
+    from ..config.files import format_config, load_config
+    from ..config.environment import read_environment
 
     try:
         if args.check is not None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from . import _tracedir
 
 if TYPE_CHECKING:
-    from ..tracefiles import TraceInfo
+    from ..traces.files import TraceInfo
 
 HELP = "link one trace per rank of a region and step into OUT, the layout HTA reads"
 
@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..tracefiles import TraceFilter, started_at
+    from ..traces.files import TraceFilter, started_at
 
     if args.occurrence < 1:
         parser.error(f"--occurrence must be >= 1 (got {args.occurrence})")
@@ -176,7 +176,7 @@ def _rank_hta_reads(path: str) -> int | None:
 
 
 def _write_with_rank(info: TraceInfo, dest: str) -> None:
-    from ..tracefiles import load_trace
+    from ..traces.files import load_trace
 
     trace = load_trace(info.path)
     dist = trace.pop("distributedInfo", None)

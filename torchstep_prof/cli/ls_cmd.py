@@ -57,7 +57,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _print_columns(rows: Sequence[dict]) -> None:
-    from ..summarize import format_ms
+    from ..traces.summarize import format_ms
 
     cells = [list(_COLUMNS)] + [
         [

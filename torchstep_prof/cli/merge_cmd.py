@@ -32,8 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..merge import merge_traces
-    from ..tracefiles import TraceReadError
+    from ..traces.merge import merge_traces
+    from ..traces.files import TraceReadError
 
     filters = _tracedir.filters_from_args(parser, args)
     infos = _tracedir.usable_traces(args, filters)

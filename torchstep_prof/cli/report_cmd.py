@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from .._report_page import PlotlyMissing, load_plotlyjs, render_page
+    from ..traces.report_page import PlotlyMissing, load_plotlyjs, render_page
 
     try:
         plotlyjs = load_plotlyjs()  # before reading: a missing extra is said at once
@@ -40,9 +40,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         _tracedir.error(f"report: {exc}")
         return _tracedir.EXIT_USAGE
 
-    from ..findings import FINDINGS_DEPTH
-    from ..report import build_report
-    from ..runs import describe_other_runs
+    from ..traces.findings import FINDINGS_DEPTH
+    from ..traces.report import build_report
+    from ..traces.runs import describe_other_runs
 
     filters = _tracedir.filters_from_args(parser, args)
     scanned = _tracedir.scan_folder(args, filters, top=max(args.top, FINDINGS_DEPTH))

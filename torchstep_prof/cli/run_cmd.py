@@ -101,9 +101,9 @@ def build_config(args: argparse.Namespace) -> Any:
 
     Raises ``ConfigError`` listing every bad value.
     """
-    from ..config import ProfilerConfig
-    from ..config_files import load_config
-    from ..overrides import Override, apply_overrides
+    from ..config.model import ProfilerConfig
+    from ..config.files import load_config
+    from ..config.overrides import Override, apply_overrides
 
     base = load_config(args.config) if args.config else ProfilerConfig()
 
@@ -161,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
     if args.step_every < 1:
         parser.error(f"--step-every: must be >= 1 (got {args.step_every})")
 
-    from .._script_runner import ScriptNotFound, check_module, check_script, run_module, run_script
-    from ..environment import read_environment
+    from ..zero_code.script_runner import ScriptNotFound, check_module, check_script, run_module, run_script
+    from ..config.environment import read_environment
 
     try:
         config = build_config(args)
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         parser.error(str(exc))
     try:
-        from ..zero_code import parse_region
+        from ..zero_code.boundaries import parse_region
 
         regions = [parse_region(text) for text in args.region]
     except ValueError as exc:
@@ -197,8 +197,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import torchstep_prof as tsp
 
-    from ..scopes import current_frame
-    from ..zero_code import StepDriver
+    from ..frames import current_frame
+    from ..zero_code.boundaries import StepDriver
 
     with contextlib.ExitStack() as scopes:
         scopes.enter_context(tsp.configure(config))

@@ -29,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..findings import FINDINGS_DEPTH, find_findings, findings_to_dicts
-    from ..summarize import default_title, render_summary, summarize, summary_to_dict
+    from ..traces.findings import FINDINGS_DEPTH, find_findings, findings_to_dicts
+    from ..traces.summarize import default_title, render_summary, summarize, summary_to_dict
 
     filters = _tracedir.filters_from_args(parser, args)
     # --json's findings compare ranks operator by operator: read deeper lists than --top shows.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ..config import FinishHookConfig
+from ..config.model import FinishHookConfig
 from ..errors import ConfigError, Problem
 from ..regions import profile_region, step
 from ..scopes import configure, contents, on_finish, ranks, schedule

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from ..config import FinishHookConfig
+from ..config.model import FinishHookConfig
 from ._driver import StepDriver, build_scopes
 
 __all__ = ["TorchstepProfCallback"]

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from transformers import Trainer, TrainerCallback
 
-from ..config import FinishHookConfig
+from ..config.model import FinishHookConfig
 from ..errors import TorchstepProfWarning, warn
 from ._driver import StepDriver, build_scopes
 

@@ -22,10 +22,10 @@ from typing import IO, Callable, Iterable, Mapping, Optional, Sequence, Tuple, T
 
 import attrs
 
-from .config import FinishHookConfig
-from .errors import FinishHookWarning, warn
-from .naming import sanitize_label
-from .record_store import HOOK_FAILED, HOOK_NOT_STARTED, HOOK_OK, HOOK_TIMEOUT, STORE, HookRecord
+from ..config.model import FinishHookConfig
+from ..errors import FinishHookWarning, warn
+from ..traces.names import sanitize_label
+from ..record_store import HOOK_FAILED, HOOK_NOT_STARTED, HOOK_OK, HOOK_TIMEOUT, STORE, HookRecord
 from .relocate import relocate_traces
 
 __all__ = [

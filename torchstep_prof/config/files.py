@@ -16,9 +16,9 @@ import re
 from pathlib import Path
 from typing import Any, Union
 
-from .config import ProfilerConfig
+from .model import ProfilerConfig
 from .converter import from_dict, to_dict
-from .errors import ConfigError, Problem
+from ..errors import ConfigError, Problem
 
 __all__ = ["CONFIG_FORMATS", "dump_config", "format_config", "load_config", "parse_yaml"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Mapping
 
-from .errors import TorchstepProfWarning, warn
+from ..errors import TorchstepProfWarning, warn
 
 __all__ = ["RANK_VARIABLES", "warn_if_ray_actor_without_rank"]
 

@@ -1,4 +1,4 @@
-"""Rendering a :class:`~torchstep_prof.report.Report` as one self-contained HTML page.
+"""Rendering a :class:`~torchstep_prof.traces.report.Report` as one self-contained HTML page.
 
 Charts are plotly figures written as plain JSON specs and drawn by plotly.js, which is inlined
 (the page opens offline). Figures are drawn when they scroll into view, so a page of hundreds of
@@ -15,7 +15,7 @@ import os
 from typing import Any, Iterable, Sequence
 
 from .findings import describe_finding
-from ._report_template import PAGE, SCRIPT, STYLE
+from .report_template import PAGE, SCRIPT, STYLE
 from .report import Report, TimelineBar
 from .summarize import STRAGGLER_MIN_MS, GroupSummary
 

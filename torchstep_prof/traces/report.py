@@ -1,9 +1,9 @@
 """The content of ``torchstep-prof report``: what a folder of traces holds, as plain records.
 
 Data first: :func:`build_report` turns scanned traces (one per file, read one at a time by
-:func:`~torchstep_prof.tracefiles.scan_traces`) into a :class:`Report` — summarize's groups, the
+:func:`~torchstep_prof.traces.files.scan_traces`) into a :class:`Report` — summarize's groups, the
 findings, one timeline bar per trace on wall-clock time, each region's top operators. Nothing
-here draws: :mod:`torchstep_prof._report_page` renders a report as an HTML page.
+here draws: :mod:`torchstep_prof.traces.report_page` renders a report as an HTML page.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Iterable, Optional, Sequence, Tuple
 import attrs
 
 from .findings import FINDINGS_DEPTH, Finding, find_findings
-from .naming import parse_trace_name
+from .names import parse_trace_name
 from .summarize import DEFAULT_STRAGGLER_RATIO, Summary, summarize
-from .tracefiles import OpTime, TraceInfo, Unreadable, started_at
+from .files import OpTime, TraceInfo, Unreadable, started_at
 
 __all__ = ["REGION_TOP_OPS", "RegionOps", "Report", "TimelineBar", "build_report"]
 
@@ -84,7 +84,7 @@ def build_report(
     """The report of ``infos`` (scanned with ``top`` >= :data:`FINDINGS_DEPTH` so that findings
     compare ranks over deep operator lists).
 
-    >>> from torchstep_prof.tracefiles import scan_traces
+    >>> from torchstep_prof.traces.files import scan_traces
     >>> scanned = scan_traces("outputs/profile", top=FINDINGS_DEPTH)  # doctest: +SKIP
     >>> report = build_report("outputs/profile", *scanned)  # doctest: +SKIP
     """

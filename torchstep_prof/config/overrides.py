@@ -14,10 +14,10 @@ from typing import Any, Iterable, Optional, Tuple, Union
 
 import attrs
 
-from .config import ProfilerConfig
-from .config_files import parse_yaml
+from .model import ProfilerConfig
+from .files import parse_yaml
 from .converter import from_dict, schema, suggest, to_dict
-from .errors import ConfigError, Problem
+from ..errors import ConfigError, Problem
 
 __all__ = ["Override", "apply_overrides", "parse_overrides"]
 

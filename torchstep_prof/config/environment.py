@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
-from .config import ProfilerConfig
-from .errors import ConfigError, Problem
+from .model import ProfilerConfig
+from ..errors import ConfigError, Problem
 
 if TYPE_CHECKING:
     from .overrides import Override
@@ -171,7 +171,7 @@ def _parse(path: str | None, overrides_text: str | None) -> EnvironmentLayer:
     config = None
     problems: list[Problem] = []  # a bad file and bad overrides are reported together
     if path is not None:
-        from .config_files import load_config
+        from .files import load_config
 
         try:
             config = load_config(path)

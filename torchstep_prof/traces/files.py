@@ -3,7 +3,7 @@
 A torchstep_prof trace is a torch.profiler Chrome trace whose top level also carries a
 ``torchstep_prof`` object (role, stage, step, occurrence, rank, world_size, pid, discrete) and
 ``distributedInfo``. Older or renamed files fall back to the file name
-(:func:`~torchstep_prof.naming.parse_trace_name`) and then to ``distributedInfo`` for the rank; a
+(:func:`~torchstep_prof.traces.names.parse_trace_name`) and then to ``distributedInfo`` for the rank; a
 trace without an ``occurrence`` is occurrence 1. Scanning reads one file at a time, so memory stays
 bounded by the largest file, and reports files it cannot use, whatever the parser raised, instead
 of raising.
@@ -18,10 +18,10 @@ from typing import Any, Callable, Iterable, Optional, Tuple
 
 import attrs
 
-from ._events import OpTime, iter_events, region_roles, region_time, top_ops
+from .events import OpTime, iter_events, region_roles, region_time, top_ops
 from ._json import loads
-from .errors import TorchstepProfError
-from .naming import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
+from ..errors import TorchstepProfError
+from .names import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
 
 __all__ = [
     "OpTime",

@@ -22,11 +22,11 @@ import attrs
 from torch.nn.modules import module as _module_hooks
 from torch.optim import optimizer as _optimizer_hooks
 
-from .errors import TorchstepProfWarning, warn
-from .record_store import STORE
-from .regions import profile_region, step
-from .scopes import Frame
-from .selection import StepAction, last_selected_step
+from ..errors import TorchstepProfWarning, warn
+from ..record_store import STORE
+from ..regions import profile_region, step
+from ..frames import Frame
+from ..selection import StepAction, last_selected_step
 
 __all__ = ["ModuleRegion", "StepDriver", "parse_region"]
 
@@ -49,7 +49,7 @@ def parse_region(text: str) -> ModuleRegion:
     >>> parse_region("Linear").role
     'Linear'
     """
-    from .naming import sanitize_label
+    from ..traces.names import sanitize_label
 
     class_name, equals, label = text.partition("=")
     class_name = class_name.strip()
@@ -102,7 +102,7 @@ class StepDriver:
         try:
             if self._open_step is not None:
                 number = self._open_number
-                from .engine import ENGINE
+                from ..engine import ENGINE
 
                 ENGINE.drop_running_trace()
                 self._end_step()

@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import attrs
 
-from . import background
-from .config import ProfilerConfig
-from .record_store import STORE
-from .scopes import HookScope
-from .selection import rank_selected
-from .topology import Topology, current_topology
+from .. import background
+from ..config.model import ProfilerConfig
+from ..record_store import STORE
+from ..frames import HookScope
+from ..selection import rank_selected
+from ..topology import Topology, current_topology
 
 if TYPE_CHECKING:
-    from .finish_hook import HookInterrupt
+    from .command import HookInterrupt
 
 __all__ = ["finish", "runs_hook", "wait_at_exit", "wait_for_hooks"]
 
@@ -75,7 +75,7 @@ def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Call
 
     A Ctrl-C while waiting (``wait=True``) stops the hook and reaches the caller: a command not
     started yet never starts (its scope can finish again), a running one is killed and recorded."""
-    from .finish_hook import HookInterrupt
+    from .command import HookInterrupt
 
     config = scope.config
     hook = config.finish_hook
@@ -113,8 +113,8 @@ def _run(
     *,
     counted: bool,
 ) -> None:
-    from . import _node_sync
-    from .finish_hook import HookContext, run_hook
+    from . import node_sync as _node_sync
+    from .command import HookContext, run_hook
 
     config = scope.config
     hook = config.finish_hook
@@ -180,7 +180,7 @@ def wait_at_exit() -> None:
         else:
             _wait_with_plain_lines()
     except KeyboardInterrupt:
-        from .finish_hook import kill_running_hooks
+        from .command import kill_running_hooks
 
         killed = kill_running_hooks()
         _print(f"torchstep_prof: interrupted; killed {killed} finish hook process group(s)")

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .naming import TraceName, format_timestamp, parse_trace_name
+from .traces.names import TraceName, format_timestamp, parse_trace_name
 from .record_store import ProfilingRecords, records
 
 if TYPE_CHECKING:  # rich costs ~70 ms to import: only when a summary is printed
@@ -219,7 +219,7 @@ def _log_width() -> int:
 def print_summary_at_exit(wanted: bool) -> None:
     """The at-exit summary, when this process wrote a trace or ran a hook, and ``wanted`` (the
     ``summary`` field of the config it profiled under) and the environment allow it."""
-    from .environment import summary_disabled
+    from .config.environment import summary_disabled
 
     data = records()
     if data and wanted and not summary_disabled():

@@ -6,8 +6,8 @@ from typing import Any, Mapping, Optional
 
 import attrs
 
-from .config import FinishHookConfig, ProfilerConfig, ScheduleConfig
-from .errors import ConfigError, Problem
+from .model import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from ..errors import ConfigError, Problem
 
 _FIELD_NAMES = tuple(a.name for a in attrs.fields(ProfilerConfig))
 _SECTIONS = {"schedule": ScheduleConfig, "finish_hook": FinishHookConfig}

@@ -14,8 +14,8 @@ import os
 import shutil
 from typing import Iterable, Union
 
-from .errors import FinishHookWarning, warn
-from .naming import TRACE_SUFFIXES, with_part
+from ..errors import FinishHookWarning, warn
+from ..traces.names import TRACE_SUFFIXES, with_part
 
 __all__ = ["RELOCATED_NAME_FORMAT", "relocate_traces", "relocated_name"]
 

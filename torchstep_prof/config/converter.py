@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 import attrs
 
-from .config import FinishHookConfig, ProfilerConfig, ScheduleConfig
-from .errors import ConfigError, Problem
+from .model import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from ..errors import ConfigError, Problem
 
 if TYPE_CHECKING:
     import cattrs

@@ -2,7 +2,7 @@
 
 Every class validates all of its fields at construction and raises one ``ConfigError`` listing
 every problem (``schedule.wait: must be >= 0 (got -1)``). Change a config with
-``attrs.evolve``; turn it to and from dicts and files with :mod:`torchstep_prof.converter`.
+``attrs.evolve``; turn it to and from dicts and files with :mod:`torchstep_prof.config.converter`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any, Callable, Optional, Tuple, Union
 
 import attrs
 
-from .errors import ConfigError, Problem
-from .naming import sanitize_label
+from ..errors import ConfigError, Problem
+from ..traces.names import sanitize_label
 
 __all__ = ["CONTENT_NAMES", "FinishHookConfig", "ProfilerConfig", "ScheduleConfig"]
 

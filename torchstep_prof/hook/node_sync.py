@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import Mapping, Optional
 
-from .errors import FinishHookWarning, warn
+from ..errors import FinishHookWarning, warn
 
 __all__ = ["cleanup", "mark_finished", "node_key", "wait_for_node"]
 

@@ -11,7 +11,7 @@ so memory stays bounded. :meth:`TraceWriter.flush` waits for every trace ended s
 exit, the finish hook, ``tsp.flush()`` and interpreter exit call it.
 
 Every write goes through a hidden temporary name holding the host and pid
-(:mod:`torchstep_prof._temp_files`) and is checked (torch only logs when it cannot write) before
+(:mod:`torchstep_prof.writing.temp_files`) and is checked (torch only logs when it cannot write) before
 it is linked to its final name, never replacing a file (``_part<i>`` on a clash). A failed write
 removes every temporary file it made, torch's own included, and is warned about once per kind
 and recorded. The writer is a plain thread and queue, not ``concurrent.futures``: an executor
@@ -32,13 +32,13 @@ from typing import Callable, Optional
 
 import attrs
 
-from . import background
-from ._temp_files import host_label, leftovers_of, remove, remove_dead_temporaries, temporary_path
-from ._trace_tail import TraceTailError, finish_tail, set_trace_name
-from .errors import TraceWriteWarning, warn
-from .naming import TraceName, build_trace_name, with_part
-from .record_store import STORE, TraceRecord
-from .session import TraceSession
+from .. import background
+from .temp_files import host_label, leftovers_of, remove, remove_dead_temporaries, temporary_path
+from .trace_tail import TraceTailError, finish_tail, set_trace_name
+from ..errors import TraceWriteWarning, warn
+from ..traces.names import TraceName, build_trace_name, with_part
+from ..record_store import STORE, TraceRecord
+from ..session import TraceSession
 
 __all__ = ["MAX_PENDING", "TraceWriter", "TraceWriteWarning"]
 

@@ -1,0 +1,2 @@
+"""Configuration: the frozen model, its one converter, config files, ``key=value`` overrides and
+the environment's layer. Nothing here imports torch."""

@@ -1,0 +1,249 @@
+"""The stack of scope frames: what is in force where a region runs, and the ``on_finish`` state.
+
+Each scope pushes a :class:`Frame` onto a stack held in a ``ContextVar`` (threads and asyncio
+tasks see their own stack). A frame stores the effective config, computed once when the scope is
+entered (innermost field wins, the environment's word on top), and decides once per step and
+rank what a region does there, so a region only reads one attribute to know whether there is
+anything to do. Outside every scope the root frame holds the defaults plus the environment.
+This module knows nothing of the engine: the engine reads frames, scopes push them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import os
+import threading
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from .config.model import ProfilerConfig
+from .missed_steps import ScheduleScope
+from .selection import StepAction, explicit_steps, rank_selected, step_action
+from .topology import current_topology, default_group
+
+__all__ = ["Frame", "HookScope", "current_frame", "env_hook_scope", "frame_if_read", "when_env_sets_a_hook"]
+
+# Called when the environment sets a finish hook: the engine registers its at-exit work there, so
+# a hook set only through the environment runs at interpreter exit at the latest, even with no trace.
+_ON_ENV_HOOK: list[Callable[[], None]] = []
+
+
+def when_env_sets_a_hook(callback: Callable[[], None]) -> None:
+    """Call ``callback`` each time a frame takes the environment's finish hook."""
+    _ON_ENV_HOOK.append(callback)
+
+
+class HookScope:
+    """The mutable state of one ``on_finish`` scope: what it collected, and whether it ran.
+
+    Created when a scope sets ``finish_hook`` (or, for a hook set only through the environment,
+    once per process). ``parent`` is the enclosing hook scope: a trace written under an inner
+    scope is also under the outer one.
+    """
+
+    _ordinals: dict[Any, Iterator[int]] = {}
+    _ordinals_lock = threading.Lock()
+
+    def __init__(self, config: ProfilerConfig, parent: Optional[HookScope]) -> None:
+        self.config = config
+        self.parent = parent
+        self.lock = threading.Lock()
+        self.finished = False  # profiling under it is over: its hook has been started or skipped
+        self.profiled = False  # this rank profiled a step under it (it then runs the hook)
+        self.hook_started = False  # the traces below were handed to the command
+        self.traces: list[str] = []
+        self.roles: list[str] = []
+        # Local ranks of one node must agree on which scope they finish, without talking to
+        # each other: the n-th per-node hook scope of each process is the same one (SPEC.md:
+        # every local rank enters the same on_finish scopes). Not keyed on the command, which
+        # may well name the rank.
+        hook = config.finish_hook
+        key = "per-node" if hook is not None and hook.per_node else "local"
+        with HookScope._ordinals_lock:
+            counter = HookScope._ordinals.setdefault(key, itertools.count(1))
+            self.scope_id = f"{key}-{next(counter)}"
+
+    def chain(self) -> Iterator[HookScope]:
+        scope: Optional[HookScope] = self
+        while scope is not None:
+            yield scope
+            scope = scope.parent
+
+    def add_trace(self, path: str, roles: Sequence[str]) -> None:
+        for scope in self.chain():
+            with scope.lock:
+                if scope.hook_started:
+                    # A step entered again after the hook ran (numbering restarted per epoch, a
+                    # retried step): the hook's list stays what it was; the summary says so.
+                    from .record_store import STORE
+
+                    STORE.add_attention(
+                        f"after-hook:{path}",
+                        f"written after its finish hook ran (the hook never saw it): {os.path.basename(path)}",
+                    )
+                    continue
+                scope.traces.append(path)
+                scope.roles.extend(r for r in roles if r not in scope.roles)
+
+    def mark_profiled(self) -> None:
+        """This rank chose a step to profile under this scope (and under every enclosing one)."""
+        for scope in self.chain():
+            scope.profiled = True
+
+    def start_hook(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The traces and roles to hand to the hook, now; later traces are not added to them."""
+        with self.lock:
+            self.hook_started = True
+            return tuple(self.traces), tuple(self.roles)
+
+
+class Frame:
+    """One entry of the scope stack (kept small: regions read ``idle`` on every entry)."""
+
+    __slots__ = (
+        "config", "idle", "disabled", "hook_scope", "explicit_steps", "schedule_scope", "_rank_cache",
+        "_label_check_steps",
+    )  # fmt: skip
+
+    def __init__(self, config: ProfilerConfig, hook_scope: Optional[HookScope]) -> None:
+        self.config = config
+        # The steps run under the scope that introduced this schedule (set by _frame_for).
+        self.schedule_scope: Optional[ScheduleScope] = None
+        self.disabled = not config.enable
+        # Nothing can be profiled under this frame: regions return at once.
+        self.idle = self.disabled or config.schedule is None
+        self.hook_scope = hook_scope
+        schedule = config.schedule
+        self.explicit_steps = explicit_steps(schedule.steps) if schedule and schedule.steps is not None else None
+        self._rank_cache: Optional[tuple[Any, bool]] = None
+        self._label_check_steps = 2
+
+    def labels_seen_enough(self) -> bool:
+        """Whether a skipped step under this frame may skip its regions' label check: after the
+        first two step blocks (a region seen in those is checked there; one first seen later is
+        checked when it runs a profiled step, a nested range or a counter)."""
+        if self._label_check_steps <= 0:
+            return True
+        self._label_check_steps -= 1
+        return False
+
+    def rank_selected(self) -> bool:
+        # Keyed on the process group: a rank changes only when torch.distributed initializes.
+        group = default_group()
+        cache = self._rank_cache
+        if cache is not None and cache[0] is group:
+            return cache[1]
+        topology = current_topology()
+        selected = rank_selected(self.config.ranks, self.config.all_ranks, topology.rank)
+        self._rank_cache = (group, selected)
+        return selected
+
+    def decide(self, step: int) -> StepAction:
+        """What to do for ``step`` on this rank under this frame, remembering a selected step
+        (per schedule scope: see missed_steps; and that this rank profiled under its hook)."""
+        action = self.action(step)
+        if action is not StepAction.NONE:
+            self.selected(step)
+        return action
+
+    def selected(self, step: int) -> None:
+        """``step`` is profiled under this frame: its schedule saw it, its hook scope profiled."""
+        if self.schedule_scope is not None:
+            self.schedule_scope.saw(step)
+        hook_scope = self.hook_scope
+        if hook_scope is not None and not hook_scope.profiled:
+            hook_scope.mark_profiled()
+
+    def action(self, step: int) -> StepAction:
+        """What to do for ``step`` on this rank under this frame."""
+        explicit = self.explicit_steps
+        if explicit is not None:  # the common case, kept to one set lookup
+            action = StepAction.RECORD if step in explicit else StepAction.NONE
+        else:
+            action = step_action(self.config.schedule, step)
+        if action is StepAction.NONE or not self.rank_selected():
+            return StepAction.NONE
+        return action
+
+
+class _RootFrame(Frame):
+    """The frame in force outside every scope: the defaults plus the environment.
+
+    The environment is read on first use, not at import, so a bad ``TORCHSTEP_PROF_*`` variable
+    raises at the first region or scope that reads it.
+    """
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        Frame.__init__(self, ProfilerConfig(), None)
+        self.idle = False  # unknown until resolved: send the first region down the slow path
+
+    def resolve(self) -> Frame:
+        resolved = frame_for(ProfilerConfig(), parent=None, sets_hook=False)
+        Frame.__init__(self, resolved.config, resolved.hook_scope)
+        self.schedule_scope = resolved.schedule_scope
+        return self
+
+
+_ROOT = _RootFrame()
+_ROOT_RESOLVED = False
+_STACK: contextvars.ContextVar[Frame] = contextvars.ContextVar("torchstep_prof_scope")
+_ENV_HOOK_SCOPE: Optional[HookScope] = None
+_ENV_HOOK_LOCK = threading.Lock()
+
+
+def current_frame() -> Frame:
+    """The innermost frame, the root one resolved against the environment."""
+    global _ROOT_RESOLVED
+    frame = _STACK.get(_ROOT)
+    if frame is _ROOT and not _ROOT_RESOLVED:
+        _ROOT.resolve()
+        _ROOT_RESOLVED = True
+    return frame
+
+
+def frame_if_read() -> Optional[Frame]:
+    """The innermost frame, or None while it is the root frame and the environment is unread
+    (at interpreter exit: reading it then could only raise)."""
+    frame = _STACK.get(_ROOT)
+    return None if frame is _ROOT and not _ROOT_RESOLVED else frame
+
+
+def reset_root() -> None:
+    """Forget the root frame's reading of the environment (tests that change it in-process)."""
+    global _ROOT_RESOLVED, _ENV_HOOK_SCOPE
+    _ROOT.__init__()
+    _ROOT_RESOLVED = False
+    _ENV_HOOK_SCOPE = None
+
+
+def env_hook_scope() -> Optional[HookScope]:
+    """The process-wide scope of a hook set only through the environment, if one was made."""
+    return _ENV_HOOK_SCOPE
+
+
+def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: bool) -> Frame:
+    global _ENV_HOOK_SCOPE
+    from .config.environment import read_environment
+
+    layer = read_environment()
+    config = code_config if layer.is_empty else layer.apply(code_config)
+    parent_hook = parent.hook_scope if parent is not None else None
+    hook_scope: Optional[HookScope]
+    if layer.sets_finish_hook and config.finish_hook is not None:
+        # A hook set through the environment belongs to the whole process: every frame shares
+        # its one scope, so an on_finish in the code neither runs it early nor runs it twice.
+        with _ENV_HOOK_LOCK:
+            if _ENV_HOOK_SCOPE is None:
+                _ENV_HOOK_SCOPE = HookScope(config, None)
+            hook_scope = _ENV_HOOK_SCOPE
+        for callback in _ON_ENV_HOOK:  # the engine's at-exit work: the hook runs then at the latest
+            callback()
+    elif sets_hook and config.finish_hook is not None:
+        hook_scope = HookScope(config, parent_hook)
+    else:
+        hook_scope = parent_hook
+    frame = Frame(config, hook_scope)
+    frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)
+    return frame

@@ -1,0 +1,2 @@
+"""The finish hook: when it runs (``finishing``), running its command (``command``), per-node
+completion (``node_sync``) and gathering other tools' traces first (``relocate``)."""

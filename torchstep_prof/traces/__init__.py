@@ -1,0 +1,3 @@
+"""Trace files once written: their names (the one builder and its parser), reading them back, and
+what the command line makes of a folder of them (summarize, merge, report). Nothing here imports
+torch."""
