@@ -4,9 +4,8 @@ class-based context manager).
 Cases, each timed side by side with its baseline in the same scopes:
 
 (a) no schedule in force;
-(b) a schedule in force, the step not selected, inside a ``tsp.step(n)`` block (normal usage),
-    and after ``tsp.begin_step(n)`` (the same step, begun without a ``with`` block);
-(c) the step selected, the rank not (``tsp.ranks(5)`` on rank 0), inside ``tsp.step(n)``.
+(b) a schedule in force, the step not selected;
+(c) the step selected, the rank not (``tsp.ranks(5)`` on rank 0).
 
 ``with tsp.profile_region(...)`` is compared with a bare class-based context manager (an object
 made per ``with``, empty ``__enter__`` / ``__exit__``). A ``@tsp.profiled`` call is compared with
@@ -14,8 +13,10 @@ the same plain function called inside that bare context manager: a decorated cal
 around each call" (SPEC), so that is the cost it is promised to stay within 2x of. Its ratio to
 the bare call and to a do-nothing pass-through decorator is printed as information.
 
-Information only: (b) and (c) without step blocks (a per-(role, stage) counter numbers the
-entries), and ``torch.profiler.record_function`` with no profiler running.
+Each of (b) and (c) is measured every way a region learns its step: inside ``step(n)``, after
+``begin_step(n)``, with ``step=`` (``profile_region`` only: ``@profiled`` has no such form) and
+by the per-(role, stage) counter (no step block). Information only: ``torch.profiler.
+record_function`` with no profiler running.
 """
 
 from __future__ import annotations
@@ -91,21 +92,25 @@ def run(quick: bool = False) -> Report:
         "record_function": torch.profiler.record_function,
     }
     region = loop("with tsp.profile_region('actor', 'compute_log_prob'):\n    pass", number, ns)
+    region_step_arg = loop("with tsp.profile_region('actor', 'compute_log_prob', step=3):\n    pass", number, ns)
     bare = loop("with Bare():\n    pass", number, ns)
     call_in_bare = loop("with Bare():\n    plain()", number, ns)
     decorated = loop("update()", number, ns)
 
-    def measure(case: str, what: str, info_only: bool = False) -> None:
+    def measure(case: str, what: str, step_arg: bool = False) -> None:
+        if step_arg:  # profile_region(..., step=n): @profiled has no such form
+            samples = interleave({"bare": bare, "region": region_step_arg}, rounds)
+            report.add(stat(f"{case}: profile_region(step=)", samples["region"]))
+            report.targets.append(
+                ratio_target(f"idle_region_{case}", samples["bare"], samples["region"], LIMIT, f"profile_region vs bare cm, {what}")
+            )
+            return
         samples = interleave(
             {"bare": bare, "region": region, "call_in_bare": call_in_bare, "profiled": decorated},
             rounds,
         )
         report.add(stat(f"{case}: profile_region", samples["region"]))
         report.add(stat(f"{case}: @profiled call", samples["profiled"]))
-        if info_only:
-            report.add(ratio_stat(f"{case}: profile_region / bare cm", samples["bare"], samples["region"], "info, no target"))
-            report.add(ratio_stat(f"{case}: @profiled / call in bare cm", samples["call_in_bare"], samples["profiled"], "info, no target"))
-            return
         report.targets.append(
             ratio_target(f"idle_region_{case}", samples["bare"], samples["region"], LIMIT, f"profile_region vs bare cm, {what}")
         )
@@ -148,7 +153,8 @@ def run(quick: bool = False) -> Report:
             measure("b_step_not_selected", "schedule in force, step not selected, inside step(n)")
             b_plain = interleave({"plain": loop("plain()", number, ns), "profiled": decorated}, rounds)
             report.add(ratio_stat("b_step_not_selected: @profiled / plain() call", b_plain["plain"], b_plain["profiled"], "info, no target"))
-        measure("b_no_step_block", "schedule in force, step not selected, no step block (counter)", info_only=True)
+        measure("b_by_counter", "schedule in force, step not selected, no step block (counter)")
+        measure("b_step_arg", "schedule in force, step not selected, step= given", step_arg=True)
         tsp.begin_step(3)
         measure("b_after_begin_step", "schedule in force, step not selected, after begin_step(n)")
         tsp.end_step()
@@ -157,7 +163,13 @@ def run(quick: bool = False) -> Report:
         _first_steps(tsp)
         with tsp.step(1):
             measure("c_rank_not_selected", "step selected, rank 0 not in ranks(5), inside step(n)")
-        measure("c_no_step_block", "rank not selected, no step block (counter)", info_only=True)
+        tsp.begin_step(1)
+        measure("c_after_begin_step", "step selected, rank 0 not in ranks(5), after begin_step(n)")
+        tsp.end_step()
+        measure("c_by_counter", "rank 0 not in ranks(5), no step block (counter)")
+    with tsp.configure(summary=False), tsp.schedule(steps=[3]), tsp.ranks(5):
+        _first_steps(tsp)
+        measure("c_step_arg", "step selected, rank 0 not in ranks(5), step= given", step_arg=True)
 
     rf = interleave(
         {"bare": loop("with Bare():\n    pass", 2_000, ns), "record_function": loop("with record_function('x'):\n    pass", 2_000, ns)},

@@ -88,7 +88,7 @@ def _warm_up_for_the_environment() -> None:
     # environment is reported later, where SPEC.md says: at the first scope or region.
     import sys
 
-    from .config.environment import ENV_CONFIG, ENV_OVERRIDES
+    from .config.variables import ENV_CONFIG, ENV_OVERRIDES
 
     if "torch" not in sys.modules or not (_os.environ.get(ENV_CONFIG) or _os.environ.get(ENV_OVERRIDES)):
         return

@@ -17,7 +17,7 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
@@ -30,7 +30,9 @@ from .frames import Frame, HookScope, env_hook_scope, frame_if_read, when_env_se
 from .selection import StepAction, last_selected_step
 from .session import NESTED_FAST_PATH, TraceSession, entered, new_range, profiler_kwargs
 from .topology import current_topology
-from .writing.writer import TraceWriter
+
+if TYPE_CHECKING:
+    from .writing.writer import TraceWriter
 
 __all__ = ["CURRENT_STEP", "ENGINE", "ForeignProfilerWarning", "ProfilerStartWarning"]
 
@@ -73,6 +75,9 @@ class _OwnedTrace:
         self._engine.stop_session(self.session)
 
 
+_WRITER_LOCK = threading.Lock()  # makes the one writer (never held while it writes)
+
+
 class Engine:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -84,7 +89,7 @@ class Engine:
         # on the writer thread meanwhile is safe: see export.py.)
         self._busy = False
         self._stopping = False  # a thread is stopping and writing the last trace
-        self.writer = TraceWriter()
+        self._writer: Optional[TraceWriter] = None  # made with the first trace: see writer
         self.forked = False
         self.warmed = False
         # role -> stage -> counter (two lookups of interned strings beat building a tuple key)
@@ -96,6 +101,19 @@ class Engine:
         self._deferred_finishes: list[tuple[HookScope, Any]] = []
         self._warned: set[str] = set()
         self.summary_wanted = True  # the ``summary`` field of the last config that profiled
+
+    @property
+    def writer(self) -> TraceWriter:
+        """The background trace writer, made (and its module imported) when first needed."""
+        writer = self._writer
+        if writer is None:
+            with _WRITER_LOCK:
+                if self._writer is None:
+                    from .writing.writer import TraceWriter
+
+                    self._writer = TraceWriter()
+                writer = self._writer
+        return writer
 
     # --- regions and steps -------------------------------------------------------------------
 
@@ -360,8 +378,8 @@ class Engine:
     def scope_exited(self, frame: Frame, parent: Frame) -> None:
         open_blocks.end_under(frame)  # steps begun under it and left open end with it
         try:
-            if self.writer.has_pending:
-                self.writer.flush()
+            if self._writer is not None and self._writer.has_pending:
+                self._writer.flush()
         finally:  # a Ctrl-C while waiting for the writer still starts the scope's hook
             if frame.hook_scope is not None and frame.hook_scope is not parent.hook_scope:
                 self.finish(frame.hook_scope, frame.config)
@@ -443,7 +461,8 @@ class Engine:
 
     def _flush_at_exit(self) -> None:
         try:
-            self.writer.flush(count=False)
+            if self._writer is not None:
+                self._writer.flush(count=False)
         except KeyboardInterrupt:
             # Ctrl-C while the last traces are written: exit now, but say what is lost (the
             # next process writing into the folder removes the temporary files).
@@ -479,7 +498,8 @@ class Engine:
         self._deferred_finishes = []
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
-        self.writer.forget_after_fork()
+        if self._writer is not None:
+            self._writer.forget_after_fork()
 
 
 @contextlib.contextmanager

@@ -158,12 +158,17 @@ class Frame:
         """What to do for ``step`` on this rank under this frame."""
         explicit = self.explicit_steps
         if explicit is not None:  # the common case, kept to one set lookup
-            action = StepAction.RECORD if step in explicit else StepAction.NONE
+            if step not in explicit:
+                return StepAction.NONE
+            action = StepAction.RECORD
         else:
             action = step_action(self.config.schedule, step)
-        if action is StepAction.NONE or not self.rank_selected():
-            return StepAction.NONE
-        return action
+            if action is StepAction.NONE:
+                return action
+        cache = self._rank_cache  # rank_selected() inline while torch.distributed's group is unchanged
+        if cache is not None and cache[0] is default_group():
+            return action if cache[1] else StepAction.NONE
+        return action if self.rank_selected() else StepAction.NONE
 
 
 class _RootFrame(Frame):

@@ -42,6 +42,7 @@ class _IdleRegion:
 
 
 _IDLE_REGION = _IdleRegion()
+_COUNTERS = ENGINE.counters  # role -> stage -> counter: read on every counted region
 
 
 class _Region:
@@ -117,7 +118,8 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
         if frame.idle:
             return _IDLE_REGION
     # No trace records and a schedule is in force: here, and only here, a region's fate is
-    # decided. Its step: ``step=``, else the enclosing step block's, else the counter's.
+    # decided. Its step: ``step=``, else the enclosing step block's, else the counter's. The
+    # commonest outcome (an explicit list without this step) is one set lookup, inline.
     if step is None:
         current = CURRENT_STEP.get(None)
         if current is not None:
@@ -128,7 +130,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             # The block decided for its own frame; a scope entered inside it decides anew.
             action = current.action if current.frame is frame else frame.action(step)
         else:
-            stages = ENGINE.counters.get(role)
+            stages = _COUNTERS.get(role)
             counter = stages.get(stage) if stages is not None else None
             if counter is None:  # labels are checked when the counter is made
                 _check_labels(role, stage)
@@ -137,10 +139,16 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
                 step = next(counter)
             explicit = frame.explicit_steps
             if explicit is not None and step not in explicit:
-                return _IDLE_REGION  # the most common case, kept to one set lookup
+                return _IDLE_REGION
             action = frame.action(step)
     else:
-        _check_labels(role, stage)
+        try:  # labels are checked the first time they are seen, profiled or not
+            _RANGE_NAMES[role][stage]
+        except KeyError:
+            range_name(role, stage)
+        explicit = frame.explicit_steps
+        if explicit is not None and step not in explicit:
+            return _IDLE_REGION
         action = frame.action(step)
     if action is _NONE:
         return _IDLE_REGION

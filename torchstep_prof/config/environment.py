@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import attrs
 
 from .model import ProfilerConfig
+from .variables import ENV_CHILDREN, ENV_CONFIG, ENV_OVERRIDES, ENV_OWNER, ENV_SUMMARY
 from ..errors import ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -31,17 +32,6 @@ __all__ = [
     "read_environment",
     "summary_disabled",
 ]
-
-ENV_CONFIG = "TORCHSTEP_PROF_CONFIG"
-"""A config file (``.json``, ``.yaml``/``.yml``, ``.toml``) that replaces the code's config."""
-ENV_OVERRIDES = "TORCHSTEP_PROF_OVERRIDES"
-"""``key=value`` overrides, split like a shell command line, applied on top."""
-ENV_SUMMARY = "TORCHSTEP_PROF_SUMMARY"
-"""``0`` / ``false`` / ``no`` / ``off`` turns the summary at exit off."""
-ENV_OWNER = "TORCHSTEP_PROF_OWNER"
-"""Set by the process that read the two variables above: ``<pid>:<digest of their values>``."""
-ENV_CHILDREN = "TORCHSTEP_PROF_CHILDREN"
-"""``1``: child processes use the configuration they inherit too."""
 
 _OFF_WORDS = frozenset({"0", "false", "no", "off"})
 _MAX_CACHED_APPLIES = 64

@@ -8,7 +8,6 @@ gzipped, ``_part<i>`` before the extension when the name was taken). Labels are 
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import os
 import re
 
@@ -77,6 +76,8 @@ def fit_label(label: str, limit: int = MAX_LABEL) -> str:
     """
     if len(label) <= limit:
         return label
+    import hashlib  # only for over-long labels: ~3 ms to import
+
     digest = hashlib.sha1(label.encode()).hexdigest()[:8]
     return f"{label[: limit - len(digest) - 1]}+{digest}"
 
