@@ -1,4 +1,6 @@
-"""One way to run each call of a function or coroutine function inside a context manager: what
+"""Running each call of a function or coroutine function inside a context manager.
+
+One way to run each call of a function or coroutine function inside a context manager: what
 ``@profiled`` and the scopes used as decorators share."""
 
 from __future__ import annotations

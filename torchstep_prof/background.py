@@ -1,4 +1,6 @@
-"""Work this process does in the background (trace writes, finish hooks), and ``flush()``,
+"""The process's background work (trace writes, finish hooks) and ``flush()``, which waits for it.
+
+Work this process does in the background (trace writes, finish hooks), and ``flush()``,
 which waits for it.
 
 The trace writer and the finish-hook runner register what a caller may have to wait for; the

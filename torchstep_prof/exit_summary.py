@@ -1,4 +1,6 @@
-"""The table printed at interpreter exit: the traces this process wrote (one line each), its hook
+"""The table printed at interpreter exit: traces written, hook runs, profiling costs.
+
+The table printed at interpreter exit: the traces this process wrote (one line each), its hook
 runs, and what profiling cost. Rows come from :func:`torchstep_prof.record_store`; rendering
 takes a ``Console`` so tests can pass a fixed-width one writing to a buffer."""
 

@@ -1,4 +1,6 @@
-"""Selected steps that never ran, per schedule scope: the steps a scope saw, kept as ranges,
+"""Selected steps that never ran, per schedule scope, kept as ranges.
+
+Selected steps that never ran, per schedule scope: the steps a scope saw, kept as ranges,
 and at its end the selected ones it did not see, as ranges.
 
 A schedule scope is the frame that introduced a schedule: a scope whose effective schedule

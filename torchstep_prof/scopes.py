@@ -1,4 +1,6 @@
-"""Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
+"""Composable configuration scopes: schedule, ranks, contents, on_finish, configure.
+
+Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
 ``configure()``.
 
 Each scope pushes a frame (``frames.py``) for its block and tells the engine it was entered

@@ -1,4 +1,6 @@
-"""What the trace subcommands share: the folder argument, the filters, scanning with a progress
+"""What the trace subcommands share: folder, filters, scanning, skipped files.
+
+What the trace subcommands share: the folder argument, the filters, scanning with a progress
 bar, and reporting the files that were skipped."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""``torchstep-prof hta DIR --role R --stage S --step N [--occurrence K] -o OUT``: the folder
+"""``torchstep-prof hta``: the folder layout HolisticTraceAnalysis reads, one trace per rank.
+
+``torchstep-prof hta DIR --role R --stage S --step N [--occurrence K] -o OUT``: the folder
 layout HolisticTraceAnalysis reads, one trace per rank.
 
 Occurrence K (default 1) of the region is taken; other occurrences are named as left out, never

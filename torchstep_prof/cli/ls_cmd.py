@@ -1,4 +1,6 @@
-"""``torchstep-prof ls DIR``: one line per trace with its fields, sorted by role, stage, step,
+"""``torchstep-prof ls``: one line per trace with its fields.
+
+``torchstep-prof ls DIR``: one line per trace with its fields, sorted by role, stage, step,
 occurrence and rank. Every run in the folder is listed (the pid column tells them apart);
 ``--pid`` filters."""
 

@@ -1,4 +1,6 @@
-"""``torchstep-prof merge DIR -o OUT``: the selected traces as one Chrome trace, one process
+"""``torchstep-prof merge``: the selected traces as one Chrome trace.
+
+``torchstep-prof merge DIR -o OUT``: the selected traces as one Chrome trace, one process
 track per file, aligned on wall-clock time."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""``torchstep-prof report DIR [-o report.html]``: one self-contained HTML page of charts —
+"""``torchstep-prof report``: one self-contained HTML page of charts.
+
+``torchstep-prof report DIR [-o report.html]``: one self-contained HTML page of charts —
 what stands out, each group's wall time per rank, each step's timeline, each region's top
 operators. Needs the ``[report]`` extra (plotly)."""
 

@@ -1,4 +1,6 @@
-"""``torchstep-prof summarize DIR``: wall time per rank of each region and step, stragglers
+"""``torchstep-prof summarize``: wall time per rank of each region and step, as a table or JSON.
+
+``torchstep-prof summarize DIR``: wall time per rank of each region and step, stragglers
 flagged, top operators by self time; ``--json`` for machines."""
 
 from __future__ import annotations

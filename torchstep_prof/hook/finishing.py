@@ -1,4 +1,6 @@
-"""When profiling under an ``on_finish`` scope is finished: pick the ranks, wait for node-mates,
+"""When profiling under an ``on_finish`` scope is finished: run its hook, on a thread of its own.
+
+When profiling under an ``on_finish`` scope is finished: pick the ranks, wait for node-mates,
 run the hook — in the background unless the scope asked to wait.
 
 The engine calls :func:`finish` exactly once per scope, after every trace recording around that

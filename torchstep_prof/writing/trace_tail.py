@@ -1,4 +1,6 @@
-"""Finishing torch's exported JSON in place: check it is whole, add other threads' spans, and
+"""Finishing torch's exported JSON in place: whole, with spans, pointing at its final name.
+
+Finishing torch's exported JSON in place: check it is whole, add other threads' spans, and
 point ``traceName`` at the final file.
 
 torch writes ``{ <metadata>, "traceEvents": [ <events> ],"traceName": "<path>" }`` with the path
