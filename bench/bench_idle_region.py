@@ -15,7 +15,9 @@ the bare call and to a do-nothing pass-through decorator is printed as informati
 
 Each of (b) and (c) is measured every way a region learns its step: inside ``step(n)``, after
 ``begin_step(n)``, with ``step=`` (``profile_region`` only: ``@profiled`` has no such form) and
-by the per-(role, stage) counter (no step block). Information only: ``torch.profiler.
+by the per-(role, stage) counter (no step block), under an explicit list and under a cycle
+(``skip_first``/``wait``/``active``). For (c) by the counter every step is selected
+(``active=1, repeat=0``), so the rank alone decides. Information only: ``torch.profiler.
 record_function`` with no profiler running.
 """
 
@@ -166,10 +168,25 @@ def run(quick: bool = False) -> Report:
         tsp.begin_step(1)
         measure("c_after_begin_step", "step selected, rank 0 not in ranks(5), after begin_step(n)")
         tsp.end_step()
-        measure("c_by_counter", "rank 0 not in ranks(5), no step block (counter)")
     with tsp.configure(summary=False), tsp.schedule(steps=[3]), tsp.ranks(5):
         _first_steps(tsp)
         measure("c_step_arg", "step selected, rank 0 not in ranks(5), step= given", step_arg=True)
+
+    # Cycle schedules (torch.profiler's wait/warmup/active): the same decisions by arithmetic.
+    with tsp.configure(summary=False), tsp.schedule(skip_first=NEVER):
+        _first_steps(tsp)
+        with tsp.step(3):
+            measure("b_cycle_step_not_selected", "cycle schedule, step not selected, inside step(n)")
+        measure("b_cycle_by_counter", "cycle schedule, step not selected, no step block (counter)")
+        measure("b_cycle_step_arg", "cycle schedule, step not selected, step= given", step_arg=True)
+    # Every step selected (a cycle of one active step, repeated), so the counter's steps are
+    # selected too and only the rank decides.
+    with tsp.configure(summary=False), tsp.schedule(active=1, repeat=0), tsp.ranks(5):
+        _first_steps(tsp)
+        with tsp.step(3):
+            measure("c_cycle_rank_not_selected", "cycle schedule, rank 0 not in ranks(5), inside step(n)")
+        measure("c_by_counter", "every step selected, rank 0 not in ranks(5), no step block (counter)")
+        measure("c_cycle_step_arg", "cycle schedule, rank 0 not in ranks(5), step= given", step_arg=True)
 
     rf = interleave(
         {"bare": loop("with Bare():\n    pass", 2_000, ns), "record_function": loop("with record_function('x'):\n    pass", 2_000, ns)},

@@ -3,6 +3,7 @@ files a run writes, plus the cycle compared against torch.profiler's own schedul
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import pytest
@@ -387,3 +388,60 @@ def test_ranges_counts_and_missed_steps_agree_with_step_by_step_selection(
     listed = [n for a, b in missed.ranges for n in range(a, b + 1)]
     assert listed == expected[: len(listed)] and len(listed) + missed.unlisted == len(expected)
     assert len(missed.ranges) <= 20
+
+
+# profile_region decides inline what Frame.action decides for step blocks and the zero-code
+# runner (a call there would cost a sixth of an idle region): the two must agree, for explicit
+# lists and cycles, selected ranks and not, steps numbered by step= and by the counter, and
+# after torch.distributed's group changes the rank.
+_schedules = st.one_of(
+    st.builds(lambda steps: {"steps": steps}, st.lists(st.integers(0, 30), min_size=1, max_size=6, unique=True)),
+    st.fixed_dictionaries(
+        {
+            "skip_first": st.integers(0, 3),
+            "wait": st.integers(0, 3),
+            "warmup": st.integers(0, 2),
+            "active": st.integers(1, 3),
+            "repeat": st.integers(0, 3),
+        }
+    ),
+)
+
+
+_fresh_roles = itertools.count()
+
+
+@settings(max_examples=150, deadline=None)
+@given(schedule=_schedules, ranks=st.sets(st.integers(0, 2), min_size=1), counted=st.booleans())
+def test_a_regions_decision_is_the_frames_for_every_step_and_rank(schedule, ranks, counted):
+    from torchstep_prof.frames import current_frame
+    from torchstep_prof.regions import _IDLE_REGION
+    from torchstep_prof.selection import NONE
+
+    role = f"agree{next(_fresh_roles)}"  # a fresh counter: its n-th entry is step n
+    with tsp.configure(summary=False), tsp.schedule(**schedule), tsp.ranks(*sorted(ranks)):
+        frame = current_frame()
+        for n in range(1, 40):
+            region = tsp.profile_region(role, "counted") if counted else tsp.profile_region(role, "given", step=n)
+            assert (region is not _IDLE_REGION) == (frame.action(n) is not NONE), (schedule, ranks, n)
+
+
+def test_a_rank_decision_is_made_again_when_the_process_group_changes(save_dir, monkeypatch, tmp_path):
+    import torch.distributed as dist
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    from torchstep_prof.frames import reset_root
+
+    reset_root()
+    with tsp.schedule(steps=[1, 2]), tsp.ranks(0):
+        with tsp.profile_region("actor", "before_init", step=1):  # rank 1 of 2: not selected
+            pass
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        try:
+            with tsp.profile_region("actor", "after_init", step=2):  # now rank 0 of 1: selected
+                torch.ones(2).add_(1)
+        finally:
+            dist.destroy_process_group()
+    names = [parse_trace_name(p) for p in trace_files(save_dir)]
+    assert [(n.stage, n.step, n.rank, n.world) for n in names] == [("after-init", 2, 0, 1)]

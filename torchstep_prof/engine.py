@@ -17,7 +17,7 @@ import os
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 
@@ -93,7 +93,7 @@ class Engine:
         self.forked = False
         self.warmed = False
         # role -> stage -> counter (two lookups of interned strings beat building a tuple key)
-        self.counters: dict[str, dict[str, Iterator[int]]] = {}
+        self.counters: dict[str, dict[str, Callable[[], int]]] = {}
         # (role, stage, step) -> traces started so far; (None, None, step) for fused ones
         self._occurrences: dict[tuple[Optional[str], Optional[str], int], int] = {}
         self._atexit_registered = False
@@ -184,9 +184,9 @@ class Engine:
         if stages is None:
             stages = self.counters.setdefault(role, {})
         counter = stages.get(stage)
-        if counter is None:
-            counter = stages.setdefault(stage, itertools.count(1))
-        return next(counter)
+        if counter is None:  # the bound __next__: what a counted region calls
+            counter = stages.setdefault(stage, itertools.count(1).__next__)
+        return counter()
 
     # --- the profiler window -----------------------------------------------------------------
 

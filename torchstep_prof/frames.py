@@ -14,11 +14,11 @@ import contextvars
 import itertools
 import os
 import threading
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Container, Iterator, Optional, Sequence
 
 from .config.model import ProfilerConfig
 from .missed_steps import ScheduleScope
-from .selection import StepAction, explicit_steps, rank_selected, step_action
+from .selection import NONE, RECORD, CyclePlan, StepAction, explicit_steps, rank_selected
 from .topology import current_topology, default_group
 
 __all__ = ["Frame", "HookScope", "current_frame", "env_hook_scope", "frame_if_read", "when_env_sets_a_hook"]
@@ -97,12 +97,22 @@ class HookScope:
             return tuple(self.traces), tuple(self.roles)
 
 
+_UNDECIDED = object()  # a frame's rank decision before it is made: never a process group
+_NO_STEPS: Container[int] = frozenset()  # no schedule: no step is selected
+
+
 class Frame:
-    """One entry of the scope stack (kept small: regions read ``idle`` on every entry)."""
+    """One entry of the scope stack (kept small: regions read ``idle`` on every entry).
+
+    The frame is where a region's step and rank are decided (:meth:`action`): the schedule's
+    explicit list as a set, its cycle as a :class:`CyclePlan`, and the rank decision made once
+    and kept with the process group it was made under (``rank_group``), so it is made again only
+    when torch.distributed's default group changes (one identity check).
+    """
 
     __slots__ = (
-        "config", "idle", "disabled", "hook_scope", "explicit_steps", "schedule_scope", "_rank_cache",
-        "_label_check_steps",
+        "config", "idle", "disabled", "hook_scope", "explicit_steps", "cycle", "cycle_run", "schedule_scope",
+        "rank_group", "rank_ok", "label_checks",
     )  # fmt: skip
 
     def __init__(self, config: ProfilerConfig, hook_scope: Optional[HookScope]) -> None:
@@ -114,35 +124,45 @@ class Frame:
         self.idle = self.disabled or config.schedule is None
         self.hook_scope = hook_scope
         schedule = config.schedule
-        self.explicit_steps = explicit_steps(schedule.steps) if schedule and schedule.steps is not None else None
-        self._rank_cache: Optional[tuple[Any, bool]] = None
-        self._label_check_steps = 2
+        # An explicit list is a set (no schedule: the empty one); a cycle is a CyclePlan.
+        self.explicit_steps: Optional[Container[int]] = _NO_STEPS
+        self.cycle: Optional[CyclePlan] = None
+        self.cycle_run: tuple[int, int, StepAction] = (0, 0, NONE)  # the last run of steps decided
+        if schedule is not None and schedule.steps is not None:
+            self.explicit_steps = explicit_steps(schedule.steps)
+        elif schedule is not None:
+            self.explicit_steps = None
+            self.cycle = CyclePlan(schedule)
+        self.rank_group: Any = _UNDECIDED
+        self.rank_ok = False
+        # The first regions under a frame check their labels even on steps they skip, so a bad
+        # label fails early, not on the first profiled step.
+        self.label_checks = 2
 
     def labels_seen_enough(self) -> bool:
         """Whether a skipped step under this frame may skip its regions' label check: after the
         first two step blocks (a region seen in those is checked there; one first seen later is
         checked when it runs a profiled step, a nested range or a counter)."""
-        if self._label_check_steps <= 0:
+        if self.label_checks <= 0:
             return True
-        self._label_check_steps -= 1
+        self.label_checks -= 1
         return False
 
     def rank_selected(self) -> bool:
-        # Keyed on the process group: a rank changes only when torch.distributed initializes.
+        """Whether this rank profiles under this frame (decided again only when the process
+        group changes: a rank changes only when torch.distributed initializes)."""
         group = default_group()
-        cache = self._rank_cache
-        if cache is not None and cache[0] is group:
-            return cache[1]
-        topology = current_topology()
-        selected = rank_selected(self.config.ranks, self.config.all_ranks, topology.rank)
-        self._rank_cache = (group, selected)
-        return selected
+        if self.rank_group is not group:
+            topology = current_topology()
+            self.rank_ok = rank_selected(self.config.ranks, self.config.all_ranks, topology.rank)
+            self.rank_group = group
+        return self.rank_ok
 
     def decide(self, step: int) -> StepAction:
         """What to do for ``step`` on this rank under this frame, remembering a selected step
         (per schedule scope: see missed_steps; and that this rank profiled under its hook)."""
         action = self.action(step)
-        if action is not StepAction.NONE:
+        if action is not NONE:
             self.selected(step)
         return action
 
@@ -155,20 +175,22 @@ class Frame:
             hook_scope.mark_profiled()
 
     def action(self, step: int) -> StepAction:
-        """What to do for ``step`` on this rank under this frame."""
+        """What to do for ``step`` on this rank under this frame: the one rule (regions, step
+        blocks and the zero-code runner all ask here)."""
         explicit = self.explicit_steps
         if explicit is not None:  # the common case, kept to one set lookup
             if step not in explicit:
-                return StepAction.NONE
-            action = StepAction.RECORD
+                return NONE
+            action = RECORD
         else:
-            action = step_action(self.config.schedule, step)
-            if action is StepAction.NONE:
-                return action
-        cache = self._rank_cache  # rank_selected() inline while torch.distributed's group is unchanged
-        if cache is not None and cache[0] is default_group():
-            return action if cache[1] else StepAction.NONE
-        return action if self.rank_selected() else StepAction.NONE
+            first, end, action = self.cycle_run
+            if not first <= step < end:
+                first, end, action = self.cycle_run = self.cycle.run_of(step)  # type: ignore[union-attr]
+            if action is NONE:
+                return NONE
+        if self.rank_group is default_group():  # the rank decision still holds
+            return action if self.rank_ok else NONE
+        return action if self.rank_selected() else NONE
 
 
 class _RootFrame(Frame):

@@ -18,7 +18,11 @@ from typing import Container, Iterator, Optional, Sequence
 from .config.model import ScheduleConfig
 
 __all__ = [
+    "CyclePlan",
+    "NONE",
+    "RECORD",
     "StepAction",
+    "WARMUP",
     "count_selected",
     "explicit_steps",
     "last_selected_step",
@@ -35,6 +39,11 @@ class StepAction(enum.IntEnum):
     NONE = 0
     WARMUP = 1
     RECORD = 2
+
+
+# The members as module names: on Python 3.11 reading ``StepAction.NONE`` costs ~140 ns (the enum
+# class's attribute lookup), a module name ~10 ns, and the region path reads them on every entry.
+NONE, WARMUP, RECORD = StepAction.NONE, StepAction.WARMUP, StepAction.RECORD
 
 
 _SET_LIMIT = 4096  # explicit lists up to this long are a set; longer ones a sorted tuple
@@ -82,21 +91,55 @@ def step_action(schedule: Optional[ScheduleConfig], step: int) -> StepAction:
     <StepAction.RECORD: 2>
     """
     if schedule is None:
-        return StepAction.NONE
+        return NONE
     if schedule.steps is not None:
-        return StepAction.RECORD if step in explicit_steps(schedule.steps) else StepAction.NONE
-    index = step - 1 - schedule.skip_first
-    if index < 0:
-        return StepAction.NONE
-    cycle = schedule.wait + schedule.warmup + schedule.active
-    if schedule.repeat and index >= cycle * schedule.repeat:
-        return StepAction.NONE
-    position = index % cycle
-    if position < schedule.wait:
-        return StepAction.NONE
-    if position < schedule.wait + schedule.warmup:
-        return StepAction.WARMUP
-    return StepAction.RECORD
+        return RECORD if step in explicit_steps(schedule.steps) else NONE
+    return CyclePlan(schedule).action(step)
+
+
+class CyclePlan:
+    """torch.profiler's cycle as a few integers, for deciding a step with arithmetic alone.
+
+    >>> plan = CyclePlan(ScheduleConfig(skip_first=1, wait=1, warmup=1, active=2, repeat=2))
+    >>> [plan.action(n).name[0] for n in range(1, 11)]
+    ['N', 'N', 'W', 'R', 'R', 'N', 'W', 'R', 'R', 'N']
+    >>> plan.run_of(4)
+    (4, 6, <StepAction.RECORD: 2>)
+    """
+
+    __slots__ = ("first", "span", "cycle", "wait", "warm_end")
+
+    def __init__(self, schedule: ScheduleConfig) -> None:
+        self.first = schedule.skip_first + 1  # the cycle's first step
+        self.cycle = schedule.wait + schedule.warmup + schedule.active
+        self.span = self.cycle * schedule.repeat  # steps covered from ``first``; 0: no end
+        self.wait = schedule.wait
+        self.warm_end = schedule.wait + schedule.warmup
+
+    def action(self, step: int) -> StepAction:
+        return self.run_of(step)[2]
+
+    def run_of(self, step: int) -> tuple[int, int, StepAction]:
+        """``(first, end, action)``: the run of consecutive steps ``first <= n < end`` around
+        ``step`` that share its action. A frame keeps it, so the steps of one run are decided by
+        one chained comparison (cheaper than ``in range(...)``, which also tests divisibility)."""
+        first, span = self.first, self.span
+        end = first + span if span else _NO_END
+        if step < first:
+            return 0, first, NONE
+        if step >= end:
+            return end, _NO_END, NONE
+        if self.warm_end == 0:  # back-to-back active steps: one run, however many cycles
+            return first, end, RECORD
+        start = step - (step - first) % self.cycle
+        if step < start + self.wait:
+            return start, start + self.wait, NONE
+        if step < start + self.warm_end:
+            return start + self.wait, start + self.warm_end, WARMUP
+        return start + self.warm_end, start + self.cycle, RECORD
+
+
+_NO_END = 2**62  # past any step a loop reaches
 
 
 def last_selected_step(schedule: Optional[ScheduleConfig]) -> Optional[int]:

@@ -19,7 +19,7 @@ import attrs
 from .integrations._ray_rank import warn_if_ray_actor_without_rank
 from .errors import warn
 
-__all__ = ["Topology", "current_topology"]
+__all__ = ["Topology", "current_topology", "default_group", "group_registry"]
 
 
 @attrs.frozen(kw_only=True)
@@ -52,6 +52,38 @@ def default_group() -> Any:
             return dist.GroupMember.WORLD
         _WORLD = world
     return world._default_pg
+
+
+class _NoProcessGroups:
+    """Stands in for torch.distributed's group registry where it is not available."""
+
+    _default_pg = None
+
+
+class _PublicGroups:
+    """The registry read the public way (a torch whose registry has no ``_default_pg``)."""
+
+    @property
+    def _default_pg(self) -> Any:
+        import torch.distributed as dist
+
+        return dist.GroupMember.WORLD
+
+
+def group_registry() -> Any:
+    """An object whose ``_default_pg`` is, at each read, the default process group (or None).
+
+    For the region path, which holds it and reads one attribute per decision (no call): the
+    registry object torch.distributed keeps for the life of the process. Ask for it once torch
+    is imported (torch imports torch.distributed when the build has it).
+    """
+    default_group()
+    if _WORLD is not None:
+        return _WORLD
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available():
+        return _NoProcessGroups()
+    return _PublicGroups()
 
 
 def distributed_initialized() -> bool:
