@@ -219,6 +219,18 @@ def test_bad_options_are_usage_errors_before_the_script_runs(tmp_path, options, 
     assert not (tmp_path / "ran").exists()
 
 
+def test_an_environment_file_without_a_schedule_is_named_as_why_no_step_is_selected(tmp_path):
+    (tmp_path / "env.yaml").write_text("save_path: envdir\n")
+    cmd = [sys.executable, "-m", "torchstep_prof", "run", "--steps", "2", str(TRAIN), "--touch", "ran"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=worker_env({"TORCHSTEP_PROF_CONFIG": "env.yaml"}),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    # The file replaces the whole configuration, --steps included: it is the reason, not --steps.
+    assert "no step is selected: TORCHSTEP_PROF_CONFIG=env.yaml replaces" in done.stderr, done.stderr
+    assert "pass --steps" not in done.stderr
+    assert not (tmp_path / "ran").exists()
+
+
 @pytest.mark.parametrize("target, says", [(["missing.py"], "missing.py"), (["-m", "no_such_module_x"], "no_such_module_x")])
 def test_a_missing_script_or_module_exits_2_naming_it(tmp_path, target, says):
     cmd = [sys.executable, "-m", "torchstep_prof", "run", "--steps", "1", *target]
