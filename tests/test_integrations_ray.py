@@ -61,6 +61,10 @@ def test_per_node_hook_runs_once_after_every_actor(run: tuple[subprocess.Complet
     listed = set(runs[0].read_text().split())
     ranked = {p.name for p in trace_files(root / "prof") if parse_trace_name(p).world_size == 4}
     assert len(ranked) == 14 and ranked <= listed, sorted(ranked - listed)
+    # The hook ran in a worker, whose output stays in Ray's log files: the driver prints what it did.
+    proc, _ = run
+    assert proc.stdout.count("finish hook ran on rank 0:") == 1, proc.stdout[-3000:]
+    assert "finish hook ran on rank" not in proc.stdout.replace("finish hook ran on rank 0:", "")
 
 
 def test_actor_without_rank_variables_warns_once_naming_the_fix(run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
