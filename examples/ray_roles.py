@@ -5,7 +5,9 @@ LOCAL_WORLD_SIZE, set in its environment before anything reads them (here in ``_
 ``Worker.options(runtime_env={"env_vars": {...}})`` works as well, as verl does it, but then
 Ray cannot reuse the worker processes it started ahead): torchstep_prof reads them like
 torchrun's, so traces are named by role and rank, and a per-node finish hook runs once, on local
-rank 0, after every worker of the node has finished profiling. A local cluster, CPU only:
+rank 0, after every worker of the node has finished profiling (its output goes to a file the
+driver prints at the end: Ray keeps a worker's own output in its log files). A local cluster, CPU
+only:
 
     python examples/ray_roles.py                             # steps 2 and 3 of 4, into outputs/profile
     python examples/ray_roles.py --save-path /tmp/prof --on-finish 'ls "$TORCHSTEP_PROF_SAVE_PATH"'
@@ -20,6 +22,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
+import tempfile
 import time
 from typing import Any, Optional
 
@@ -101,6 +105,12 @@ def rank_variables(rank: int, world_size: int) -> dict[str, str]:
     }
 
 
+def logged(cmd: str, log: str) -> str:
+    """``cmd`` with its output, after a line naming the rank it ran on, appended to ``log``."""
+    # The newline before "}": a command ending in a comment or "&" still closes the group.
+    return f'{{ echo "finish hook ran on rank $TORCHSTEP_PROF_RANK:"; {cmd}\n}} >> {shlex.quote(log)} 2>&1'
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="training steps the driver runs (default 4)")
@@ -112,8 +122,26 @@ def main() -> None:
     args = parser.parse_args()
     save_path = os.path.abspath(args.save_path)
 
+    # The hook runs in a worker, whose output Ray keeps in its log files: it appends to a file
+    # the driver prints once the workers are done.
+    with tempfile.TemporaryDirectory(prefix="ray_roles_hook_") as hook_dir:
+        hook_log = os.path.join(hook_dir, "hook.log")
+        started = time.monotonic()
+        written = run_workers(args, save_path, logged(args.on_finish, hook_log))
+        print(f"{len(written)} trace(s) in {save_path} ({time.monotonic() - started:.0f} s)")
+        for path in sorted(written):
+            print(" ", os.path.basename(path))
+        # With wait=True the hook was over before the last step call returned.
+        if os.path.exists(hook_log):
+            with open(hook_log) as handle:
+                print(handle.read(), end="")
+        else:
+            print("the finish hook did not run")
+
+
+def run_workers(args: argparse.Namespace, save_path: str, on_finish: str) -> list[str]:
+    """Start the workers on a local cluster, drive their steps, and return the traces written."""
     world_size = sum(ROLES.values())
-    started = time.monotonic()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # offline: no usage report
     ray.init(num_cpus=world_size + 1, include_dashboard=False, configure_logging=False, log_to_driver=True)
     try:
@@ -123,7 +151,7 @@ def main() -> None:
             for _ in range(count):
                 env = rank_variables(rank, world_size)
                 worker = Worker.remote(  # type: ignore[attr-defined]
-                    role, env, save_path, args.profile_steps, args.on_finish
+                    role, env, save_path, args.profile_steps, on_finish
                 )
                 workers.setdefault(role, []).append(worker)
                 rank += 1
@@ -136,13 +164,9 @@ def main() -> None:
             tokens = ray.get([w.step.remote(n, None) for w in workers["rollout"]])[0]
             ray.get([w.step.remote(n, tokens) for role in ("actor", "critic") for w in workers[role]])
             print(f"step {n} done")
-        written = [path for paths in ray.get([w.finish.remote() for w in everyone]) for path in paths]
+        return [path for paths in ray.get([w.finish.remote() for w in everyone]) for path in paths]
     finally:
         ray.shutdown()
-    print(f"{len(written)} trace(s) in {save_path} ({time.monotonic() - started:.0f} s)")
-    for path in sorted(written):
-        print(" ", os.path.basename(path))
-
 
 if __name__ == "__main__":
     main()

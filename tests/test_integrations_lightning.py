@@ -146,3 +146,53 @@ def test_bad_arguments_fail_when_the_callback_is_made() -> None:
         TorchstepProfCallback(steps=[3], contents=["gpu"])
     with pytest.raises(ConfigError, match="finish_hook"):
         TorchstepProfCallback(steps=[3], on_finish={"per_node": True})  # no cmd
+
+
+RANKS_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import lightning.pytorch as pl
+    from torchstep_prof.integrations.lightning import TorchstepProfCallback
+    from torchstep_prof.scopes import effective_config
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 1)
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == 0:
+                config = effective_config()
+                print("IN-FORCE", list(config.ranks), config.all_ranks)
+
+    data = torch.utils.data.TensorDataset(torch.randn(16, 8), torch.randn(16, 1))
+    callback = TorchstepProfCallback(steps=[2], ranks=[0, 1], all_ranks=True, save_path=sys.argv[1])
+    trainer = pl.Trainer(
+        max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback, Probe()],
+    )
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=4))
+    """
+)
+
+
+def test_ranks_and_all_ranks_both_reach_the_config(tmp_path: Path) -> None:
+    script = tmp_path / "fit_ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    # Rank 2 of 3 (from the environment, no process group): outside ranks=[0, 1], so only
+    # all_ranks=True makes it profile.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHSTEP_PROF_", "LOCAL_"))}
+    env.update(RANK="2", WORLD_SIZE="3")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "traces")], capture_output=True, text=True,
+                          timeout=400, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "IN-FORCE [0, 1] True" in proc.stdout, proc.stdout
+    files = trace_files(tmp_path / "traces")
+    assert [(n.step, n.rank, n.world_size) for n in map(parse_trace_name, files)] == [(2, 2, 3)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,10 @@ def test_per_node_hook_runs_once_after_every_actor(run: tuple[subprocess.Complet
     listed = set(runs[0].read_text().split())
     ranked = {p.name for p in trace_files(root / "prof") if parse_trace_name(p).world_size == 4}
     assert len(ranked) == 14 and ranked <= listed, sorted(ranked - listed)
+    # The hook ran in a worker, whose output stays in Ray's log files: the driver prints what it did.
+    proc, _ = run
+    assert proc.stdout.count("finish hook ran on rank 0:") == 1, proc.stdout[-3000:]
+    assert "finish hook ran on rank" not in proc.stdout.replace("finish hook ran on rank 0:", "")
 
 
 def test_actor_without_rank_variables_warns_once_naming_the_fix(run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
@@ -69,6 +74,8 @@ def test_actor_without_rank_variables_warns_once_naming_the_fix(run: tuple[subpr
     warning = next(line for line in proc.stderr.splitlines() if "has no RANK variable" in line)
     for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         assert variable in warning
+    # attributed to the example's code that profiles (Worker.__init__), not to torchstep_prof's
+    assert re.search(rf"{re.escape(str(EXAMPLE))}:\d+: TorchstepProfWarning: ", warning), warning
     # and it was rank 0 of 1, as the warning says
     unranked = [p for p in trace_files(root / "prof") if parse_trace_name(p).world_size == 1]
     assert sorted((n.role, n.rank, n.step) for n in map(parse_trace_name, unranked)) == [

@@ -68,6 +68,7 @@ def test_the_script_sees_what_python_gives_it_and_its_step_is_traced(tmp_path):
     assert as_run == as_python
     assert as_run["argv"][0] == str(TRAIN) and as_run["name"] == "__main__" and as_run["spec"] is None
     assert as_run["path0"] == str(SCRIPTS) and as_run["main_is_me"]
+    assert as_run["cached"] is None  # python sets __cached__ = None for a script
 
     (trace,) = traces(tmp_path / "outputs" / "profile")
     assert trace.name.startswith("main_train_step2_rank0-of-1_")
@@ -93,6 +94,48 @@ def test_exit_codes_and_tracebacks_are_the_scripts(tmp_path):
     assert "RuntimeError: boom" in raised.stderr
     # The frames python itself shows: the script's, none of the command line's or runpy's.
     assert frames(raised.stderr) == frames(plain.stderr) == [str(TRAIN)] * 3, raised.stderr
+
+
+def python_and_run(tmp_path: Path, target: list[str]) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """``python TARGET`` and ``python -m torchstep_prof run --steps 1 TARGET``, side by side in ``tmp_path``."""
+    def one(cmd: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, cwd=tmp_path, env=worker_env(), capture_output=True, text=True,
+                              timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        plain = pool.submit(one, [sys.executable, *target])
+        done = pool.submit(one, [sys.executable, "-m", "torchstep_prof", "run", "--steps", "1", *target])
+    return plain.result(), done.result()
+
+
+def test_a_syntax_error_is_reported_as_python_reports_it(tmp_path):
+    (tmp_path / "syn.py").write_text("import torch\nx = (1,\n")
+    plain, done = python_and_run(tmp_path, ["syn.py"])
+    assert plain.returncode == done.returncode == 1
+    assert "SyntaxError: '(' was never closed" in done.stderr
+    # The script's error block alone: no "Traceback" and no frame of ours.
+    assert done.stderr == plain.stderr, done.stderr
+
+
+def test_a_module_traceback_is_python_ms(tmp_path):
+    (tmp_path / "modboom.py").write_text('def f():\n    raise ValueError("mod boom")\nf()\n')
+    plain, done = python_and_run(tmp_path, ["-m", "modboom"])
+    assert plain.returncode == done.returncode == 1
+    # runpy's two frames (_run_module_as_main, _run_code) then the module's, as python -m shows.
+    assert done.stderr == plain.stderr, done.stderr
+    assert frames(done.stderr) == ["<frozen runpy>"] * 2 + [str(tmp_path / "modboom.py")] * 2
+
+
+@pytest.mark.parametrize("target", [["-m", "pkg"], ["folder"]])
+def test_a_package_or_folder_without_main_exits_1_as_python_does(tmp_path, target):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "folder").mkdir()
+    plain, done = python_and_run(tmp_path, target)
+    assert plain.returncode == done.returncode == 1
+    # One line: "python: No module named pkg.__main__; 'pkg' is a package and cannot be directly
+    # executed" / "python: can't find '__main__' module in '.../folder'".
+    assert done.stderr == plain.stderr and len(done.stderr.splitlines()) == 1, done.stderr
 
 
 def test_regions_nest_inside_the_fused_trace_and_step_every_groups_optimizer_steps(tmp_path):
@@ -176,6 +219,18 @@ def test_bad_options_are_usage_errors_before_the_script_runs(tmp_path, options, 
     assert not (tmp_path / "ran").exists()
 
 
+def test_an_environment_file_without_a_schedule_is_named_as_why_no_step_is_selected(tmp_path):
+    (tmp_path / "env.yaml").write_text("save_path: envdir\n")
+    cmd = [sys.executable, "-m", "torchstep_prof", "run", "--steps", "2", str(TRAIN), "--touch", "ran"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=worker_env({"TORCHSTEP_PROF_CONFIG": "env.yaml"}),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    # The file replaces the whole configuration, --steps included: it is the reason, not --steps.
+    assert "no step is selected: TORCHSTEP_PROF_CONFIG=env.yaml replaces" in done.stderr, done.stderr
+    assert "pass --steps" not in done.stderr
+    assert not (tmp_path / "ran").exists()
+
+
 @pytest.mark.parametrize("target, says", [(["missing.py"], "missing.py"), (["-m", "no_such_module_x"], "no_such_module_x")])
 def test_a_missing_script_or_module_exits_2_naming_it(tmp_path, target, says):
     cmd = [sys.executable, "-m", "torchstep_prof", "run", "--steps", "1", *target]
@@ -192,6 +247,7 @@ def test_a_module_runs_as_python_m_runs_it(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["argv"][0] == str(tmp_path / "train_mod.py") and report["spec"] == "train_mod"
     assert report["path0"] == str(tmp_path) and report["name"] == "__main__"
+    assert report["cached"] == str(tmp_path / "__pycache__" / f"train_mod.{sys.implementation.cache_tag}.pyc")
     (trace,) = traces(tmp_path / "outputs" / "profile")
     assert trace.name.startswith("main_train_step2_")
 

@@ -133,3 +133,37 @@ def test_files_written_under_nonsense_are_rank_0_of_1_and_parse(
     warnings = [line for line in done.stderr.splitlines() if WARNING in line]
     assert len(warnings) == 1, done.stderr
     assert warnings[0].endswith(f"TorchstepProfWarning: {WARNING} ({reason}); using rank 0 of 1, local rank 0 of 1")
+
+
+_RAY_ACTOR_SCRIPT = textwrap.dedent(
+    """
+    import sys, types
+    # A stand-in for Ray inside an actor: initialized, with an actor id (no cluster needed).
+    ray = types.ModuleType("ray")
+    ray.is_initialized = lambda: True
+    ray.get_runtime_context = lambda: types.SimpleNamespace(get_actor_id=lambda: "a1b2")
+    sys.modules["ray"] = ray
+    import contextlib
+    import torchstep_prof as tsp
+
+    scopes = contextlib.ExitStack()
+    scopes.enter_context(tsp.schedule(steps=[1]))  # line 12: the rank is first needed here
+    scopes.enter_context(tsp.configure(save_path=sys.argv[1]))
+    with tsp.step(1), tsp.profile_region("critic", "update"):
+        pass
+    scopes.close()
+    """
+)
+
+
+def test_the_unranked_ray_actor_warning_points_at_user_code(tmp_path: Path) -> None:
+    script = tmp_path / "actor.py"
+    script.write_text(_RAY_ACTOR_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env["TORCHSTEP_PROF_SUMMARY"] = "0"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (warning,) = [line for line in done.stderr.splitlines() if "has no RANK variable" in line]
+    # Not torchstep_prof/frames.py (where the rank is first read) nor contextlib's ExitStack.
+    assert warning.startswith(f"{script}:12: TorchstepProfWarning: "), done.stderr

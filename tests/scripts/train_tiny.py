@@ -73,6 +73,8 @@ def main() -> int:
                     "spec": None if __spec__ is None else __spec__.name,
                     "path0": sys.path[0],
                     "main_is_me": sys.modules["__main__"].__dict__ is globals(),
+                    "cached": globals().get("__cached__", "<absent>"),
+                    "dunders": sorted(name for name in globals() if name.startswith("__")),
                 },
                 handle,
             )

@@ -162,11 +162,12 @@ def run(args: argparse.Namespace) -> int:
         parser.error(f"--step-every: must be >= 1 (got {args.step_every})")
 
     from ..zero_code.script_runner import ScriptNotFound, check_module, check_script, run_module, run_script
-    from ..config.environment import read_environment
+    from ..config.environment import ENV_CONFIG, ENV_OVERRIDES, read_environment
 
     try:
         config = build_config(args)
-        effective = read_environment().apply(config)
+        environment = read_environment()
+        effective = environment.apply(config)
     except ConfigError as exc:
         parser.error(str(exc))
     try:
@@ -176,6 +177,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if effective.enable and effective.schedule is None:
+        if environment.config is not None:
+            # The environment's file replaces the whole configuration, this command line's too.
+            parser.error(f"no step is selected: {ENV_CONFIG}={environment.config_path} replaces this "
+                         "command line's configuration (--steps and --config included) and has no "
+                         f"schedule: add one to it, set {ENV_OVERRIDES}='schedule.steps=[...]', or unset {ENV_CONFIG}")
         parser.error("no step is selected: pass --steps LIST (or --wait/--warmup/--active/--repeat), "
                      "a --config file with a schedule, or --set schedule.steps=[...]")
     if effective.enable and effective.discrete and not regions:

@@ -43,7 +43,10 @@ def build_scopes(
     if steps is not None:
         scopes.append(schedule(steps=[steps] if isinstance(steps, int) else list(steps)))
     if ranks_arg is not None:
-        scopes.append(ranks(*([ranks_arg] if isinstance(ranks_arg, int) else ranks_arg)))
+        # ranks() sets all_ranks too (False unless told): hand it the one given with the ranks,
+        # or `ranks=[0, 1], all_ranks=True` would lose all_ranks to this innermost scope.
+        chosen = [ranks_arg] if isinstance(ranks_arg, int) else ranks_arg
+        scopes.append(ranks(*chosen, all_ranks=fields.get("all_ranks", False)))
     if contents_arg is not None:
         scopes.append(contents(*([contents_arg] if isinstance(contents_arg, str) else contents_arg)))
     if isinstance(on_finish_arg, FinishHookConfig):

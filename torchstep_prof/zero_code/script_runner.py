@@ -1,9 +1,10 @@
 """Run a script or a module as ``__main__``, as ``python SCRIPT ARGS`` / ``python -m MODULE ARGS`` would.
 
-``sys.argv``, ``sys.path[0]``, ``__file__``, ``__spec__`` and the module registered as
-``__main__`` are set as the interpreter sets them; exceptions and ``SystemExit`` propagate
-unchanged (so the exit code is the script's), and a traceback printed at exit shows the script's
-frames only, not the command line's that led to it.
+``sys.argv``, ``sys.path[0]``, ``__file__``, ``__cached__``, ``__spec__`` and the module
+registered as ``__main__`` are set as the interpreter sets them (a module or a folder goes through
+the very runpy function python calls); exceptions and ``SystemExit`` propagate unchanged (so the
+exit code is the script's), and a traceback printed at exit shows what python's would: the
+script's frames (after runpy's for a module), none of the command line's that led to it.
 """
 
 from __future__ import annotations
@@ -48,34 +49,52 @@ def run_script(path: str, args: Sequence[str]) -> None:
     sys.argv[:] = [path, *args]
     if os.path.isdir(path) or not os.path.isfile(path):  # a folder or zip with __main__.py
         _set_path0(os.path.abspath(path))
-        _guarded(runpy.run_path, path, run_name="__main__")
+        _fresh_main()
+        # What the interpreter itself calls for a folder: the same frames in a traceback, and
+        # its one-line message (exit 1) for a folder without __main__.py.
+        _guarded(runpy._run_module_as_main, "__main__", alter_argv=False)
         return
     # The interpreter puts the script's real folder first on the path, and gives __main__ the
     # absolute file name (while argv[0] stays as typed).
     _set_path0(os.path.dirname(os.path.realpath(path)))
     filename = os.path.abspath(path)
+    main = _fresh_main(
+        __file__=filename,
+        __cached__=None,
+        __loader__=SourceFileLoader("__main__", filename),
+    )
+    _guarded(_exec_file, filename, main)
+
+
+def _exec_file(filename: str, main: types.ModuleType) -> None:
     with open(filename, "rb") as handle:  # bytes: compile() honours a coding cookie
         source = handle.read()
-    main = types.ModuleType("__main__")
-    main.__dict__.update(
-        __file__=filename,
-        __builtins__=builtins,
-        __loader__=SourceFileLoader("__main__", filename),
-        __spec__=None,
-        __package__=None,
-    )
+    # Compiled here, inside the guarded call: a SyntaxError's traceback is trimmed as a runtime
+    # error's is, so it shows the script's error block alone, as python does.
     code = compile(source, filename, "exec", dont_inherit=True)
-    # Registered for good, as python's own __main__ is: pickle and multiprocessing look it up,
-    # and atexit handlers of the script may outlive this call.
-    sys.modules["__main__"] = main
-    _guarded(exec, code, main.__dict__)
+    exec(code, main.__dict__)
 
 
 def run_module(name: str, args: Sequence[str]) -> None:
     """Run module ``name`` as ``__main__`` (``python -m name args``)."""
     sys.argv[:] = [name, *args]  # runpy sets argv[0] to the module's file, as -m does
     _set_path0(os.getcwd())
-    _guarded(runpy.run_module, name, run_name="__main__", alter_sys=True)
+    _fresh_main()
+    # The function python -m itself calls: a traceback shows the same two runpy frames, and a
+    # package without __main__.py gets python's one-line message and exit code 1.
+    _guarded(runpy._run_module_as_main, name, alter_argv=True)
+
+
+def _fresh_main(**fields: Any) -> types.ModuleType:
+    """Register a new, empty ``__main__`` module holding what the interpreter's own one holds.
+
+    Registered for good, as python's own ``__main__`` is: pickle and multiprocessing look it up,
+    and atexit handlers of the script may outlive the run.
+    """
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, __annotations__={}, __spec__=None, __package__=None, **fields)
+    sys.modules["__main__"] = main
+    return main
 
 
 def _guarded(fn: Any, *args: Any, **kwargs: Any) -> None:
@@ -116,7 +135,7 @@ class _path0:
 # --- tracebacks -------------------------------------------------------------------------------
 
 _RUNNER_CODE = _guarded.__code__
-_RUNPY_FILE = runpy.__file__
+_EXEC_FILE_CODE = _exec_file.__code__
 
 
 def _trim_tracebacks_at_exit() -> None:
@@ -138,6 +157,9 @@ def _trim_tracebacks_at_exit() -> None:
 
 
 def _trimmed(tb: Any) -> Any:
+    """``tb`` from the frame after the runner's on: the script's own frames (after runpy's two
+    for a module or a folder, as python shows them); ``None`` for a SyntaxError, which python
+    prints with no frames at all."""
     runner = None
     entry = tb
     while entry is not None:
@@ -147,6 +169,6 @@ def _trimmed(tb: Any) -> Any:
     if runner is None:
         return tb  # not an exception that came out of the script
     entry = runner.tb_next
-    while entry is not None and entry.tb_frame.f_code.co_filename == _RUNPY_FILE:
-        entry = entry.tb_next
-    return entry if entry is not None else tb
+    if entry is not None and entry.tb_frame.f_code is _EXEC_FILE_CODE:
+        entry = entry.tb_next  # compile() and exec() of a script, which python does in C
+    return entry
