@@ -274,3 +274,77 @@ def test_ctrl_c_while_waiting_for_the_writer_loses_no_trace_and_lists_none_unfin
     hook = json.loads(report.read_text())
     assert hook["bad"] == []  # the hook was never shown an unfinished file
     assert {parse_trace_name(p).step for p in hook["listed"]} <= written
+
+
+# --- Ctrl-C while torch stops a big trace ------------------------------------------------------
+
+_CTRL_C_IN_STOP = """
+import json, os, signal, sys, threading, time, warnings, torch, torchstep_prof as tsp
+from torch.autograd import profiler as autograd_profiler
+
+warnings.simplefilter("always")
+save_path, delays = sys.argv[1], [float(d) for d in sys.argv[2:]]
+body_done = threading.Event()
+
+def interrupt_after_each_body():
+    # A real Ctrl-C, at a different moment of each big trace's stop (hundreds of ms in torch).
+    for delay in delays:
+        body_done.wait()
+        body_done.clear()
+        time.sleep(delay)
+        os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt_after_each_body, daemon=True).start()
+caught = []
+steps = list(range(1, 2 * len(delays) + 2))
+with tsp.configure(save_path=save_path, summary=False), tsp.schedule(steps=steps):
+    for n in steps:
+        try:
+            with tsp.step(n), tsp.profile_region("actor", "update"):
+                x = torch.ones(4)
+                big = n % 2 == 1 and n < steps[-1]
+                for _ in range(30000 if big else 5):
+                    x = x.add(1)
+                if big:
+                    body_done.set()
+            if big:
+                time.sleep(1.0)  # a Ctrl-C landing after the stop lands here, not in the next step
+        except KeyboardInterrupt:
+            caught.append(n)
+print(json.dumps({
+    "caught": caught,
+    "enabled": autograd_profiler._is_profiler_enabled,
+    "records": [[r.step, r.ok, r.error] for r in tsp.records().traces],
+}))
+"""
+
+
+def test_ctrl_c_while_torch_stops_a_big_trace_leaves_profiling_on_and_every_step_accounted_for(tmp_path):
+    save_path = tmp_path / "profile"
+    delays = ["0", "0.02", "0.05", "0.1", "0.2", "0.3"]
+    result = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_IN_STOP, str(save_path), *delays],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    steps = set(range(1, 2 * len(delays) + 2))
+    assert len(outcome["caught"]) == len(delays), outcome  # every Ctrl-C reached the loop
+    assert outcome["enabled"] is False
+    assert "ForeignProfilerWarning" not in result.stderr
+    written = {parse_trace_name(p).step for p in trace_files(save_path)}
+    records = {step: (ok, error) for step, ok, error in outcome["records"]}
+    # Every selected step has a file or a record saying why not; the small steps after each
+    # interrupted one are profiled as usual.
+    assert set(records) == steps
+    assert written == {step for step, (ok, _) in records.items() if ok}
+    assert {step for step in steps if step % 2 == 0} | {max(steps)} <= written
+    failed = {error for ok, error in records.values() if not ok}
+    assert all(error.startswith("interrupted by Ctrl-C while torch stopped the profiler") for error in failed), failed
+    assert not failed or "TraceWriteWarning" in result.stderr
+    for path in trace_files(save_path):
+        check_trace_file(path)
+    assert temporaries(save_path) == []
