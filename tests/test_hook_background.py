@@ -263,7 +263,7 @@ def test_thousands_of_traces_do_not_keep_the_hook_from_starting(tmp_path):
     assert record.ok, record.message
     count, traces_set = out.read_text().split("\n")[:2]
     assert int(count) == 5000 and traces_set == ""  # too long for the variable: the file only
-    small = HookContext(save_path="x", rank=0, world_size=1, local_rank=0, traces=traces[:3])
+    small = HookContext(save_path=str(tmp_path / "small"), rank=0, world_size=1, local_rank=0, traces=traces[:3])
     out.unlink()
     assert run_hook(hook, small).ok
     assert out.read_text().split("\n")[:2] == ["3", "set"]
