@@ -209,6 +209,63 @@ def test_five_bad_overrides_are_all_listed_as_apply_overrides_lists_them() -> No
     assert [str(p) for p in info.value.problems] == [f"TORCHSTEP_PROF_OVERRIDES: {line}" for line in expected]
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("schedule.wait=-1 gzip=2 nosuch=1 ranks=[-2] finish_hook.timeout_s=-3",
+         ["nosuch: unknown key in override 'nosuch=1' (allowed: enable, save_path, discrete, gzip, summary, "
+          "process_role, ranks, all_ranks, contents, schedule, finish_hook)",
+          "gzip: must be true or false (got 2)",
+          "ranks[0]: must be >= 0 (got -2)",
+          "schedule.wait: must be >= 0 (got -1)",
+          "finish_hook.timeout_s: must be > 0 (got -3)"]),
+        ("finish_hook.timeout_s=-3", ["finish_hook.timeout_s: must be > 0 (got -3)"]),
+        ("finish_hook.wait=maybe finish_hook.per_node=7",
+         ["finish_hook.per_node: must be true or false (got 7)",
+          "finish_hook.wait: must be true or false (got 'maybe')"]),
+        ("gzip=true 'finish_hook.relocate=[1]' finish_hook.node_wait_s=-1",
+         ["finish_hook.node_wait_s: must be >= 0 (got -1)",
+          "finish_hook.relocate[0]: must be a non-empty string (got 1)"]),
+    ],
+    ids=["with-others", "timeout-alone", "two-booleans", "relocate"],
+)
+@pytest.mark.parametrize("entry", ["schedule", "region"])
+def test_bad_hook_fields_raise_at_the_first_scope_even_when_the_code_has_no_hook(
+    monkeypatch: pytest.MonkeyPatch, text: str, expected: list[str], entry: str
+) -> None:
+    # Their command would come from the code's on_finish (deferred), their values are checked
+    # now: every bad override is listed, as apply_overrides lists them (less the command it
+    # asks for, which the code gives).
+    import shlex
+
+    import torchstep_prof as tsp
+    from torchstep_prof.config.overrides import apply_overrides
+
+    with pytest.raises(ConfigError) as direct:
+        apply_overrides(ProfilerConfig(), shlex.split(text))
+    assert [str(p) for p in direct.value.problems if p.path != "finish_hook.cmd"] == expected
+    monkeypatch.setenv(ENV_OVERRIDES, text)
+    with pytest.raises(ConfigError) as info:
+        if entry == "schedule":
+            with tsp.schedule(steps=[1]):
+                pass
+        else:
+            with tsp.profile_region("actor", "update", step=1):
+                pass
+    assert [str(p) for p in info.value.problems] == [f"TORCHSTEP_PROF_OVERRIDES: {line}" for line in expected]
+
+
+def test_good_hook_fields_still_wait_for_the_codes_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchstep_prof as tsp
+
+    monkeypatch.setenv(ENV_OVERRIDES, "finish_hook.timeout_s=5 finish_hook.wait=true")
+    with tsp.schedule(steps=[1]):
+        assert tsp.effective_config().finish_hook is None
+        with tsp.on_finish("echo done"):
+            hook = tsp.effective_config().finish_hook
+    assert hook == FinishHookConfig(cmd="echo done", timeout_s=5, wait=True)
+
+
 def test_hook_tuning_waits_for_a_config_with_a_hook() -> None:
     # The layer is applied at every scope, also at those entered before the code's on_finish:
     # tuning the code's hook must not fail there for want of a command.

@@ -263,10 +263,34 @@ def test_thousands_of_traces_do_not_keep_the_hook_from_starting(tmp_path):
     assert record.ok, record.message
     count, traces_set = out.read_text().split("\n")[:2]
     assert int(count) == 5000 and traces_set == ""  # too long for the variable: the file only
-    small = HookContext(save_path="x", rank=0, world_size=1, local_rank=0, traces=traces[:3])
+    small = HookContext(save_path=str(tmp_path / "small"), rank=0, world_size=1, local_rank=0, traces=traces[:3])
     out.unlink()
     assert run_hook(hook, small).ok
     assert out.read_text().split("\n")[:2] == ["3", "set"]
+
+
+def test_5000_traces_reach_the_hook_through_the_public_api_in_the_file_only(tmp_path):
+    # 5000 selected steps of one cheap region each (~15 s here): their paths joined are ~1 MB, far
+    # over the 32 KiB the variable may hold (exec fails on a string past 128 KiB), so only the
+    # file lists them. (test_thousands_of_traces... checks the same on the hook runner alone.)
+    folder = tmp_path / ("p" * 100)
+    listing, flag = tmp_path / "listing", tmp_path / "flag"
+    hook = f'cp "$TORCHSTEP_PROF_TRACES_FILE" "{listing}"; echo "traces set: ${{TORCHSTEP_PROF_TRACES+yes}}" > "{flag}"'
+    steps = range(1, 5001)
+    with tsp.configure(save_path=str(folder), summary=False), tsp.schedule(steps=list(steps)), \
+            tsp.on_finish(hook, wait=True, timeout_s=120):
+        for n in steps:
+            with tsp.step(n), tsp.profile_region("a", "b"):
+                pass
+    traces = tsp.records().traces
+    assert len(traces) == 5000 and all(t.ok for t in traces)
+    written = sorted(str(Path(t.path).resolve()) for t in traces)
+    listed = listing.read_text().splitlines()
+    assert sorted(listed) == written  # every path, each once, absolute
+    assert all(os.path.isfile(p) for p in listed)
+    assert flag.read_text().strip() == "traces set:"  # unset: too long for the variable
+    [run] = tsp.records().hooks
+    assert run.ok, run.message
 
 
 def test_a_step_entered_again_after_the_hook_ran_is_pointed_out(save_dir, tmp_path):

@@ -382,6 +382,94 @@ def test_a_keyboard_interrupt_while_the_profiler_starts_leaves_profiling_usable(
     assert [parse_trace_name(p).step for p in trace_files(save_dir)] == [2]
 
 
+def interrupt_torch_once(monkeypatch, name, *, after):
+    """Make torch's ``torch.autograd.profiler.<name>`` raise KeyboardInterrupt on its next call
+    once armed (call the returned function): as a Ctrl-C does at the bytecode before that call
+    (``after=False``) or at the one right after it returned (``after=True``). Returns the arming
+    function."""
+    from torch.autograd import profiler as autograd_profiler
+
+    real = getattr(autograd_profiler, name)
+    armed = []
+
+    def interrupted(*args, **kwargs):
+        if not armed:
+            return real(*args, **kwargs)
+        armed.clear()
+        if after:
+            real(*args, **kwargs)  # its result is dropped, as the interrupt drops it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(autograd_profiler, name, interrupted)
+    return lambda: armed.append(True)
+
+
+# Where a Ctrl-C lands inside torch's stop() of the trace of step 1, and whether the trace
+# survives it: torch's results are lost only when it lands between Kineto's disable returning
+# and torch storing its result.
+_STOP_INTERRUPTS = {
+    "before-disable": ("_disable_profiler", False, True),
+    "after-disable": ("_disable_profiler", True, False),
+    "before-flag-reset": ("_run_on_profiler_stop", False, True),
+    "after-flag-reset": ("_run_on_profiler_stop", True, True),
+}
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["discrete", "fused"])
+@pytest.mark.parametrize("where", list(_STOP_INTERRUPTS))
+def test_a_keyboard_interrupt_inside_torchs_stop_leaves_profiling_usable(save_dir, monkeypatch, caught_warnings, where, fused):
+    from torch.autograd import profiler as autograd_profiler
+
+    name, after, written = _STOP_INTERRUPTS[where]
+    arm = interrupt_torch_once(monkeypatch, name, after=after)
+    caught = []
+    with tsp.configure(discrete=not fused), tsp.schedule(steps=[1, 2, 3]):
+        for step in (1, 2, 3):
+            try:
+                with tsp.step(step), tsp.profile_region("actor", "update"):
+                    work()
+                    if step == 1:
+                        arm()  # the Ctrl-C lands in this trace's stop
+            except KeyboardInterrupt:
+                caught.append(step)
+    assert caught == [1]
+    assert not autograd_profiler._is_profiler_enabled
+    assert of_category(caught_warnings, ForeignProfilerWarning) == []
+    files = {parse_trace_name(p).step: p for p in trace_files(save_dir)}
+    records = {r.step: r for r in tsp.records().traces}
+    assert sorted(records) == [1, 2, 3]  # every selected step has a file or a record
+    assert {2, 3} <= set(files) and all(records[s].ok for s in (2, 3))
+    if written:
+        assert 1 in files and records[1].ok
+        assert "actor/update" in range_names(load_trace(files[1]))
+    else:
+        assert 1 not in files
+        assert records[1].error.startswith("interrupted by Ctrl-C while torch stopped the profiler")
+        warned = of_category(caught_warnings, TraceWriteWarning)
+        assert len(warned) == 1 and "interrupted by Ctrl-C" in str(warned[0].message)
+
+
+@pytest.mark.parametrize(
+    "name, after",
+    [("_prepare_profiler", True), ("_enable_profiler", False), ("_enable_profiler", True)],
+    ids=["after-prepare", "before-enable", "after-enable"],
+)
+def test_a_keyboard_interrupt_inside_torchs_start_leaves_no_profiler_running(save_dir, monkeypatch, caught_warnings, name, after):
+    from torch.autograd import profiler as autograd_profiler
+
+    arm = interrupt_torch_once(monkeypatch, name, after=after)
+    with tsp.schedule(steps=[1, 2]):
+        arm()
+        with pytest.raises(KeyboardInterrupt):
+            with tsp.step(1), tsp.profile_region("actor", "update"):
+                work()
+        assert not autograd_profiler._is_profiler_enabled and not torch.autograd._profiler_enabled()
+        with tsp.step(2), tsp.profile_region("actor", "update"):
+            work()
+    assert of_category(caught_warnings, ForeignProfilerWarning) == []
+    assert [parse_trace_name(p).step for p in trace_files(save_dir)] == [2]
+
+
 def test_very_long_labels_still_get_a_file_named_within_the_limit(save_dir):
     role, stage = "r" * 200, "s" * 300
     with tsp.schedule(steps=[1]), tsp.step(1), tsp.profile_region(role, stage):

@@ -274,3 +274,148 @@ def test_ctrl_c_while_waiting_for_the_writer_loses_no_trace_and_lists_none_unfin
     hook = json.loads(report.read_text())
     assert hook["bad"] == []  # the hook was never shown an unfinished file
     assert {parse_trace_name(p).step for p in hook["listed"]} <= written
+
+
+# --- Ctrl-C while torch stops a big trace ------------------------------------------------------
+
+_CTRL_C_IN_STOP = """
+import json, os, signal, sys, threading, time, warnings, torch, torchstep_prof as tsp
+from torch.autograd import profiler as autograd_profiler
+
+warnings.simplefilter("always")
+save_path, delays = sys.argv[1], [float(d) for d in sys.argv[2:]]
+body_done = threading.Event()
+
+def interrupt_after_each_body():
+    # A real Ctrl-C, at a different moment of each big trace's stop (hundreds of ms in torch).
+    for delay in delays:
+        body_done.wait()
+        body_done.clear()
+        time.sleep(delay)
+        os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt_after_each_body, daemon=True).start()
+caught = []
+steps = list(range(1, 2 * len(delays) + 2))
+with tsp.configure(save_path=save_path, summary=False), tsp.schedule(steps=steps):
+    for n in steps:
+        try:
+            with tsp.step(n), tsp.profile_region("actor", "update"):
+                x = torch.ones(4)
+                big = n % 2 == 1 and n < steps[-1]
+                for _ in range(30000 if big else 5):
+                    x = x.add(1)
+                if big:
+                    body_done.set()
+            if big:
+                time.sleep(1.0)  # a Ctrl-C landing after the stop lands here, not in the next step
+        except KeyboardInterrupt:
+            caught.append(n)
+print(json.dumps({
+    "caught": caught,
+    "enabled": autograd_profiler._is_profiler_enabled,
+    "records": [[r.step, r.ok, r.error] for r in tsp.records().traces],
+}))
+"""
+
+
+def test_ctrl_c_while_torch_stops_a_big_trace_leaves_profiling_on_and_every_step_accounted_for(tmp_path):
+    save_path = tmp_path / "profile"
+    delays = ["0", "0.02", "0.05", "0.1", "0.2", "0.3"]
+    result = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_IN_STOP, str(save_path), *delays],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    steps = set(range(1, 2 * len(delays) + 2))
+    assert len(outcome["caught"]) == len(delays), outcome  # every Ctrl-C reached the loop
+    assert outcome["enabled"] is False
+    assert "ForeignProfilerWarning" not in result.stderr
+    written = {parse_trace_name(p).step for p in trace_files(save_path)}
+    records = {step: (ok, error) for step, ok, error in outcome["records"]}
+    # Every selected step has a file or a record saying why not; the small steps after each
+    # interrupted one are profiled as usual.
+    assert set(records) == steps
+    assert written == {step for step, (ok, _) in records.items() if ok}
+    assert {step for step in steps if step % 2 == 0} | {max(steps)} <= written
+    failed = {error for ok, error in records.values() if not ok}
+    assert all(error.startswith("interrupted by Ctrl-C while torch stopped the profiler") for error in failed), failed
+    assert not failed or "TraceWriteWarning" in result.stderr
+    for path in trace_files(save_path):
+        check_trace_file(path)
+    assert temporaries(save_path) == []
+
+
+# --- Ctrl-C at interpreter exit while the last traces are written --------------------------------
+
+_WRITING_AT_EXIT = """
+import atexit, sys, torch, torchstep_prof as tsp
+# Scopes never exited: the write (gzip: seconds for this trace) finishes at interpreter exit.
+tsp.configure(save_path=sys.argv[1], gzip=True).__enter__()
+tsp.schedule(steps=[1, 2]).__enter__()
+with tsp.profile_region("actor", "update", step=1):
+    x = torch.ones(4)
+    for _ in range(30000):
+        x = x.add(1)
+with tsp.profile_region("actor", "update", step=2):
+    torch.ones(4).add(1)
+atexit.register(print, "exiting", flush=True)  # runs just before torchstep_prof's exit work
+"""
+
+
+def interrupt_at_exit(save_path: Path, interrupts: int) -> subprocess.CompletedProcess[str]:
+    """Run :data:`_WRITING_AT_EXIT`; once its exit work waits for the big trace's write (a
+    temporary file exists), send it ``interrupts`` Ctrl-Cs, 100 ms apart."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WRITING_AT_EXIT, str(save_path)],
+        env=child_env(TORCHSTEP_PROF_SUMMARY="1", COLUMNS="200"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # Python's Ctrl-C handler
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "exiting"
+        time.sleep(0.1)  # into the exit work's wait for the writer
+        assert temporaries(save_path), "the write ended before the Ctrl-C"
+        for _ in range(interrupts):
+            child.send_signal(signal.SIGINT)
+            time.sleep(0.1)
+        stdout, stderr = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_ctrl_c_at_exit_while_traces_are_written_says_they_are_still_waited_for_and_writes_them(tmp_path, attempt):
+    save_path = tmp_path / "profile"
+    result = interrupt_at_exit(save_path, 1)
+    assert result.returncode == 0, result.stderr
+    assert "interrupted at exit while traces were still being written; still waiting for them" in result.stderr
+    assert "lost" not in result.stderr and "Traceback" not in result.stderr
+    files = trace_files(save_path)
+    assert [parse_trace_name(p).step for p in files] == [1, 2]  # what the warning promised
+    for path in files:
+        check_trace_file(path)
+    assert temporaries(save_path) == []
+    assert "2 trace(s) written" in result.stdout
+
+
+def test_a_second_ctrl_c_at_exit_exits_without_the_traces_not_yet_written_and_says_so(tmp_path):
+    save_path = tmp_path / "profile"
+    result = interrupt_at_exit(save_path, 2)
+    assert "still waiting for them (Ctrl-C again exits without the traces not yet on disk)" in result.stderr
+    assert "interrupted again at exit; exiting without the traces not yet on disk" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "trace(s) written" not in result.stdout  # no summary
+    assert 1 not in [parse_trace_name(p).step for p in trace_files(save_path)]
+    # What it left is temporary files only, which the next process writing there removes.
+    assert all(name.startswith(TEMP_PREFIX) for name in temporaries(save_path))

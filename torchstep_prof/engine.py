@@ -464,11 +464,11 @@ class Engine:
             if self._writer is not None:
                 self._writer.flush(count=False)
         except KeyboardInterrupt:
-            # Ctrl-C while the last traces are written: exit now, but say what is lost (the
-            # next process writing into the folder removes the temporary files).
+            # Ctrl-C while the last traces are written: the exit work still waits for them (the
+            # summary's records()); a second Ctrl-C there exits without them (exit_summary.py).
             warn(
-                "torchstep_prof: interrupted at exit while traces were still being written; "
-                "the traces not yet on disk are lost",
+                "torchstep_prof: interrupted at exit while traces were still being written; still "
+                "waiting for them (Ctrl-C again exits without the traces not yet on disk)",
                 TraceWriteWarning,
                 stacklevel=2,
             )

@@ -223,6 +223,19 @@ def print_summary_at_exit(wanted: bool) -> None:
     ``summary`` field of the config it profiled under) and the environment allow it."""
     from .config.environment import summary_disabled
 
-    data = records()
+    try:
+        data = records()  # waits for the traces still being written
+    except KeyboardInterrupt:
+        # Ctrl-C (again) while the last traces are written: exit now, saying what is lost (the
+        # next process writing into the folder removes their temporary files).
+        from .errors import TraceWriteWarning, warn
+
+        warn(
+            "torchstep_prof: interrupted again at exit; exiting without the traces not yet on disk "
+            "(no summary)",
+            TraceWriteWarning,
+            stacklevel=2,
+        )
+        return
     if data and wanted and not summary_disabled():
         print_summary(data)

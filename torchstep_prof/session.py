@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ._foreign import kineto_recording, new_own_profile
+from ._foreign import kineto_recording, new_own_profile, settle_own_profile
 from ._spans import SpanLog, ThreadSpan, running_task
 from .config.model import ProfilerConfig
 from .errors import TorchstepProfWarning, warn
@@ -32,6 +32,7 @@ FUSED_STAGE = "train"
 FUSED_DEFAULT_ROLE = "main"
 _MAX_FUSED_ROLE = 100  # with a stage of at most 80 (naming.MAX_LABEL): under 255 bytes
 METADATA_KEY = "torchstep_prof"
+INTERRUPTED_STOP = "interrupted by Ctrl-C while torch stopped the profiler, which lost what it recorded"
 
 try:  # A private torch API, ~10x cheaper than record_function; the public one is the fallback.
     from torch._C._profiler import _RecordFunctionFast as _FastRange
@@ -139,6 +140,8 @@ class TraceSession:
         self.stop_s = 0.0
         self._profile: Optional[profile] = None
         self.lost: Optional[str] = None  # why the trace cannot be written (another profiler)
+        # Why torch's stop left nothing to export (the writer records it as the trace's failure).
+        self.no_output: Optional[str] = None
         self._ranges = contextlib.ExitStack()
         # Other threads' and tasks' regions; also guards ``roles``, frozen when the trace stops
         # (a role added later is in neither the file name nor the metadata).
@@ -200,7 +203,11 @@ class TraceSession:
         """Start torch's profiler and open the step and owner ranges. Raises if torch fails."""
         t0 = time.perf_counter()
         prof = new_own_profile(**profiler_kwargs(self.config.contents))
-        prof.start()
+        try:
+            prof.start()
+        except BaseException:  # a Ctrl-C inside torch's start: none of it may stay on
+            settle_own_profile(prof, stopping=False)
+            raise
         self._profile = prof
         try:
             # The row torch's own schedule writes per step: HTA and others find iterations by it.
@@ -236,9 +243,24 @@ class TraceSession:
             if prof is not None and self.action is StepAction.RECORD:
                 self._add_metadata(prof)
         finally:
-            if prof is not None:
-                prof.stop()
-            self.stop_s = time.perf_counter() - t0
+            try:
+                if prof is not None:
+                    self._stop_torch(prof)
+            finally:
+                self.stop_s = time.perf_counter() - t0
+
+    def _stop_torch(self, prof: profile) -> None:
+        try:
+            prof.stop()
+        except BaseException as exc:
+            # A Ctrl-C (or a failure) inside torch's stop, which takes seconds for a big trace:
+            # finish stopping, so that the next region profiles, then propagate. What survived
+            # is written; what torch lost is the trace's recorded failure, not a silent gap.
+            if not settle_own_profile(prof, stopping=True):
+                self.no_output = (
+                    INTERRUPTED_STOP if isinstance(exc, KeyboardInterrupt) else f"torch's stop failed: {exc!r}"
+                )
+            raise
 
     @property
     def profile(self) -> Optional[profile]:

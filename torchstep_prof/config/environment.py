@@ -89,15 +89,33 @@ def _fitting(base: ProfilerConfig, overrides: tuple[Override, ...]) -> tuple[Ove
 
     The layer is applied at every scope, also to those entered before the code's ``on_finish``
     (no hook yet): overrides that only tune a hook's fields (``finish_hook.timeout_s=60``) wait
-    for a config that has one, instead of failing for want of a command.
+    for a config that has one, instead of failing for want of a command. (Their values are
+    checked once, up front, against a placeholder hook: see :func:`_parse_overrides`.)
     """
-    tunes_hook = [o for o in overrides if o.path[0] == "finish_hook" and len(o.path) > 1]
+    if not _defers_hook_fields(base, overrides):
+        return overrides
+    return tuple(o for o in overrides if not _tunes_hook(o))
+
+
+def _tunes_hook(override: Override) -> bool:
+    return override.path[0] == "finish_hook" and len(override.path) > 1 and override.path[1] != "cmd"
+
+
+def _defers_hook_fields(base: ProfilerConfig, overrides: tuple[Override, ...]) -> bool:
+    """Whether ``overrides`` tune the fields of a hook that neither ``base`` nor they define."""
     makes_hook = any(
         o.path[0] == "finish_hook" and (len(o.path) == 1 or o.path[1] == "cmd") for o in overrides
     )
-    if base.finish_hook is not None or makes_hook or not tunes_hook:
-        return overrides
-    return tuple(o for o in overrides if not (o.path[0] == "finish_hook" and len(o.path) > 1))
+    return base.finish_hook is None and not makes_hook and any(_tunes_hook(o) for o in overrides)
+
+
+def _checking_base(base: ProfilerConfig) -> ProfilerConfig:
+    """``base`` with a placeholder hook, for checking the values of overrides whose hook
+    command will come from the code's ``on_finish`` (its fields are checked field by field:
+    no other field's value changes whether one is valid)."""
+    from .model import FinishHookConfig
+
+    return attrs.evolve(base, finish_hook=FinishHookConfig(cmd="the code's on_finish command"))
 
 
 _EMPTY = EnvironmentLayer()
@@ -187,8 +205,9 @@ def _parse(path: str | None, overrides_text: str | None) -> EnvironmentLayer:
 
 
 def _parse_overrides(text: str, base: ProfilerConfig) -> tuple[Override, ...]:
-    """The parsed overrides; when some do not parse, one error listing those and the value
-    problems of the others (checked against ``base``, as ``apply_overrides`` does)."""
+    """The parsed overrides, their values checked against ``base`` (the file's config, or the
+    defaults) as ``apply_overrides`` does; one error listing the overrides that do not parse
+    and every bad value of the others."""
     import shlex
 
     from .overrides import apply_overrides, parse_each
@@ -199,11 +218,15 @@ def _parse_overrides(text: str, base: ProfilerConfig) -> tuple[Override, ...]:
         raise ConfigError([Problem("", f"{ENV_OVERRIDES}: cannot split {text!r} like a shell "
                                        f"command line ({exc})")]) from None
     overrides, problems = parse_each(words)
+    # Every value is checked now, also those of hook fields whose command the code's on_finish
+    # gives later (deferred, not ignored: a bad one is an error at the first scope either way).
+    if _defers_hook_fields(base, overrides):
+        base = _checking_base(base)
+    try:
+        apply_overrides(base, overrides)
+    except ConfigError as exc:
+        problems += exc.problems
     if problems:
-        try:
-            apply_overrides(base, _fitting(base, overrides))
-        except ConfigError as exc:
-            problems += exc.problems
         raise _from_variable(ConfigError(problems), ENV_OVERRIDES) from None
     return overrides
 

@@ -246,6 +246,8 @@ class TraceWriter:
     @staticmethod
     def _export(session: TraceSession, raw_path: str) -> None:
         prof = session.profile
+        if session.no_output is not None:
+            raise _ExportFailed(session.no_output)
         if prof is None:
             raise _ExportFailed("no profiler output to export")
         try:
