@@ -139,10 +139,15 @@ def test_every_figure_is_a_valid_plotly_figure(straggler_page):
         go.Figure(fig)  # plotly's own validation: raises on any property it does not know
     timeline = figs[0]
     hover = timeline["data"][0]["hovertemplate"]
-    assert all(f"%{{customdata[{i}]}}" in hover for i in range(6)) and "%{x:.2f} ms" in hover
-    role, stage, step, _, rank, file = timeline["data"][0]["customdata"][0]
+    assert all(f"%{{customdata[{i}]}}" in hover for i in range(7))
+    # A bar with a base: plotly's %{x} is where it ends, never its duration.
+    assert "%{x" not in hover and "%{customdata[6]} ms, from %{base:.2f} ms" in hover
+    role, stage, step, _, rank, file, duration = timeline["data"][0]["customdata"][0]
     assert (role, stage, step) == ("actor", "update", 1) and rank == 0
     assert file.startswith("actor_update_step1_rank0-of-4_pid") and file.endswith(".json")
+    for trace in timeline["data"]:
+        for row, x in zip(trace["customdata"], trace["x"]):
+            assert re.fullmatch(r"\d+\.\d\d", row[6]) and abs(float(row[6]) - x) < 0.0051
 
 
 # --- in a real browser ---------------------------------------------------------------------------

@@ -272,14 +272,16 @@ def _timeline_figure(step: int, bars: Sequence[TimelineBar]) -> dict[str, Any]:
                 "x": [round(b.wall_ms, 3) for b in mine],
                 "base": [round((b.start_ns - origin) / 1e6, 3) for b in mine],
                 "marker": {"color": _COLORS[index % len(_COLORS)]},
+                # The duration goes in customdata: for a bar with a base, plotly's %{x} is
+                # where the bar ends, not how long it is.
                 "customdata": [
                     [b.role, b.stage, b.step, _occ_text(b.occurrence), b.rank,
-                     os.path.basename(b.file)]
+                     os.path.basename(b.file), f"{b.wall_ms:.2f}"]
                     for b in mine
                 ],  # fmt: skip
                 "hovertemplate": "%{customdata[0]}/%{customdata[1]} step %{customdata[2]}"
                 "%{customdata[3]} rank %{customdata[4]}<br>%{customdata[5]}<br>"
-                "%{x:.2f} ms, from %{base:.2f} ms<extra></extra>",
+                "%{customdata[6]} ms, from %{base:.2f} ms<extra></extra>",
             }
         )
     start = dt.datetime.fromtimestamp(origin / 1e9, dt.timezone.utc)
