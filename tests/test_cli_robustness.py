@@ -118,3 +118,62 @@ def test_no_trace_command_imports_torch(folder: dict, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "False"
+
+
+# --- absurd clocks: a base time or a start no date can be written for ---------------------------
+
+
+def _with_clock(directory: Path, source: Path, stage: str, base: object = None, step_ts: object = None) -> Path:
+    """A copy of the real trace ``source`` under a trace name of stage ``stage``, with its
+    ``baseTimeNanoseconds`` and/or its ``ProfilerStep`` range's ``ts`` replaced."""
+    trace = json.loads(source.read_text())
+    if base is not None:
+        trace["baseTimeNanoseconds"] = base
+    if step_ts is not None:
+        for event in trace["traceEvents"]:
+            if str(event.get("name", "")).startswith("ProfilerStep#"):
+                event["ts"] = step_ts
+    trace["torchstep_prof"] = dict(trace["torchstep_prof"], stage=stage, rank=0, world_size=2)
+    path = directory / f"actor_{stage}_step1_rank0-of-2_pid1_20260101000000000.json"
+    path.write_text(json.dumps(trace))  # json writes NaN as such
+    return path
+
+
+def test_an_absurd_base_time_is_named_and_skipped_by_every_command(tmp_path: Path) -> None:
+    root = tmp_path / "traces"
+    written = write_ranks(root, world_size=2, steps=(1,))
+    bad = {
+        _with_clock(root, written[0].path, "huge-base", base=10**300): "absurd baseTimeNanoseconds",
+        _with_clock(root, written[0].path, "nan-base", base=float("nan")): "absurd baseTimeNanoseconds",
+        _with_clock(root, written[0].path, "text-base", base="soon"): "absurd baseTimeNanoseconds",
+        _with_clock(root, written[0].path, "before-1970", step_ts=-1e16): "absurd start time",
+    }
+
+    def assert_named(result: subprocess.CompletedProcess[str]) -> None:
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr
+        for path, reason in bad.items():
+            assert f"{path}: {reason}" in result.stdout + result.stderr, (path, result.stderr)
+
+    assert_named(_cli("ls", root))
+    summary = _cli("summarize", root, "--json")
+    assert_named(summary)
+    assert sorted(json.loads(summary.stdout)["unreadable"]) == sorted(map(str, bad))
+    assert_named(_cli("summarize", root))
+    merged = _cli("merge", root, "-o", tmp_path / "m.json")
+    assert_named(merged)
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert len(doc["torchstep_prof_merge"]["inputs"]) == 2  # the two sane ranks only
+    # The output's clock is the sane traces' one: not stretched to an absurd base.
+    assert doc["baseTimeNanoseconds"] == min(
+        json.loads(w.path.read_text())["baseTimeNanoseconds"] for w in written
+    )
+    hta = _cli("hta", root, "--role", "actor", "--stage", "huge-base", "--step", 1, "-o", tmp_path / "h")
+    assert hta.returncode == 1 and f"skipped {next(iter(bad))}" in hta.stderr
+    assert "Traceback" not in hta.stderr
+    pytest.importorskip("plotly", reason="plotly is not installed (the [report] extra)")
+    page = tmp_path / "r.html"
+    report = _cli("report", root, "-o", page)
+    assert_named(report)
+    text = page.read_text()
+    assert all(f"{path.name}</code>: absurd" in text for path in bad)

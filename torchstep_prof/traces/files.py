@@ -187,9 +187,14 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
     if not isinstance(events, list):
         raise TraceReadError(f"{path}: not a Chrome trace (no traceEvents list)")
     fields = _identity(path, trace)
-    base = _finite(trace.get("baseTimeNanoseconds"))
-    base_ns = int(base) if base is not None else None
+    base_ns = _base_time(path, trace)
     wall_ms, start_us = region_time(events, fields["step"])
+    start_ns = None if base_ns is None or start_us is None else base_ns + round(start_us * 1000)
+    if start_ns is not None and not 0 <= start_ns <= MAX_EPOCH_NS:
+        raise TraceReadError(
+            f"{path}: absurd start time (baseTimeNanoseconds plus the step's ts is "
+            f"{start_ns / 1e9:.3g} s since 1970)"
+        )
     dist = trace.get("distributedInfo")
     roles = (fields["role"],)
     if fields["fused"]:
@@ -201,7 +206,7 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
         wall_ms=wall_ms,
         base_time_ns=base_ns,
         size_bytes=_size(path),
-        start_ns=None if base_ns is None or start_us is None else base_ns + round(start_us * 1000),
+        start_ns=start_ns,
         has_distributed_info=isinstance(dist, dict) and _int(dist.get("rank")) is not None,
         top_ops=top_ops(trace, top) if top > 0 else (),
     )
@@ -216,6 +221,29 @@ def _describe(exc: BaseException) -> str:
     if len(text) > 200:  # a decoder may quote the input: keep one line short
         text = text[:200] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+MAX_EPOCH_NS = 10**20
+"""Epoch times past this (year 5138; :data:`~torchstep_prof.traces.events.MAX_TIME_US` in ns) or
+before 1970 are corrupt: such a base time would stretch a merged timeline over centuries, and no
+date can be written for it."""
+
+
+def _base_time(path: str, trace: dict[str, Any]) -> int | None:
+    """The trace's ``baseTimeNanoseconds`` (None when it has none); a value that is not a time
+    within 1970..:data:`MAX_EPOCH_NS` is a :class:`TraceReadError`, never guessed around."""
+    value = trace.get("baseTimeNanoseconds")
+    if value is None:
+        return None
+    number = _finite(value)
+    if number is None or not 0 <= number <= MAX_EPOCH_NS:
+        try:
+            text = repr(value)
+        except ValueError:  # an integer of more digits than Python prints
+            text = "a huge integer"
+        text = text if len(text) <= 24 else text[:21] + "..."
+        raise TraceReadError(f"{path}: absurd baseTimeNanoseconds ({text}): not a time since 1970")
+    return value if isinstance(value, int) else int(number)
 
 
 def _finite(value: Any) -> float | None:
