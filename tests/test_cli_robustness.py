@@ -177,3 +177,43 @@ def test_an_absurd_base_time_is_named_and_skipped_by_every_command(tmp_path: Pat
     assert_named(report)
     text = page.read_text()
     assert all(f"{path.name}</code>: absurd" in text for path in bad)
+
+
+# --- special files named *.json: never opened for reading, always named --------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs fifos and /dev/zero")
+def test_special_files_are_named_and_skipped_without_a_hang(tmp_path: Path) -> None:
+    root = tmp_path / "traces"
+    write_ranks(root, world_size=2, steps=(1,))
+    (root / "sub").mkdir()
+    os.symlink(root / "deleted.json", root / "gone.json")
+    os.symlink("/dev/zero", root / "zero.json")
+    os.mkfifo(root / "pipe.json")
+    os.mkfifo(root / "sub" / "pipe.json")  # only read with -r
+    os.mkdir(root / "folder.json")  # a folder is not a file: not named
+    reasons = {
+        root / "gone.json": "a symbolic link to nothing",
+        root / "zero.json": "not a regular file (a character device)",
+        root / "pipe.json": "not a regular file (a named pipe)",
+    }
+
+    def check(result: subprocess.CompletedProcess[str], expected: dict) -> None:
+        assert result.returncode == 0, result.stderr
+        text = result.stdout + result.stderr
+        for path, reason in expected.items():
+            assert f"{path}: {reason}" in text, (path, text)
+        assert "folder.json" not in text
+
+    # A hang (reading a fifo or /dev/zero) fails on the subprocess timeout instead of stalling.
+    check(_cli("ls", root), reasons)
+    doc = _cli("summarize", root, "--json")
+    check(doc, reasons)
+    assert sorted(json.loads(doc.stdout)["unreadable"]) == sorted(map(str, reasons))
+    check(_cli("summarize", root), reasons)
+    check(_cli("summarize", root, "-r"), {**reasons, root / "sub" / "pipe.json": "not a regular file (a named pipe)"})
+    check(_cli("merge", root, "-o", tmp_path / "m.json"), reasons)
+    pytest.importorskip("plotly", reason="plotly is not installed (the [report] extra)")
+    page = tmp_path / "r.html"
+    check(_cli("report", root, "-o", page), reasons)
+    assert "zero.json</code>: not a regular file (a character device)" in page.read_text()

@@ -14,7 +14,8 @@ from __future__ import annotations
 import gzip
 import math
 import os
-from typing import Any, Callable, Iterable, Optional, Tuple
+import stat
+from typing import IO, Any, Callable, Iterable, Optional, Tuple
 
 import attrs
 
@@ -145,10 +146,12 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     path = os.fspath(path)
     try:
-        with open(path, "rb") as handle:
+        with _open_regular(path) as handle:
             data = handle.read()
         if data[:2] == _GZIP_MAGIC:
             data = gzip.decompress(data)
+    except TraceReadError:
+        raise
     except Exception as exc:  # OSError, EOFError, zlib.error, MemoryError...: all one to a reader
         raise TraceReadError(f"{path}: cannot read ({_describe(exc)})") from exc
     try:
@@ -160,6 +163,41 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(trace, dict):
         raise TraceReadError(f"{path}: not a Chrome trace (top level is not a JSON object)")
     return trace
+
+
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def _open_regular(path: str) -> IO[bytes]:
+    """``path`` opened for reading, once it is known to be a regular file.
+
+    A fifo named ``x.json`` would block a plain ``open`` until a writer comes, and a link to
+    ``/dev/zero`` would be read forever: the file is opened without blocking and checked with
+    ``fstat`` (the very file opened, not a name that may change meanwhile) before one byte is read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise TraceReadError(
+                f"{path}: a symbolic link to nothing (to {os.readlink(path)}), not read"
+            ) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((what for test, what in _FILE_KINDS if test(mode)), "a special file")
+            raise TraceReadError(f"{path}: not a regular file ({kind}), not read")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_trace_info(
@@ -334,8 +372,19 @@ def find_trace_files(directory: str | os.PathLike[str], *, recursive: bool = Fal
             found.extend(os.path.join(root, f) for f in files if f.endswith(TRACE_SUFFIXES))
     else:
         with os.scandir(directory) as entries:
-            found.extend(e.path for e in entries if e.name.endswith(TRACE_SUFFIXES) and e.is_file())
+            # Not only regular files: a fifo or a dangling link named *.json is listed, so that
+            # reading it names it as skipped (see load_trace) rather than hiding it.
+            found.extend(
+                e.path for e in entries if e.name.endswith(TRACE_SUFFIXES) and not _is_dir(e)
+            )
     return sorted(found)
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a link loop, say: a file to name as skipped
+        return False
 
 
 def scan_traces(
