@@ -217,3 +217,52 @@ def test_special_files_are_named_and_skipped_without_a_hang(tmp_path: Path) -> N
     page = tmp_path / "r.html"
     check(_cli("report", root, "-o", page), reasons)
     assert "zero.json</code>: not a regular file (a character device)" in page.read_text()
+
+
+# --- long labels: the numbers survive at 80 columns, only the label folds ------------------------
+
+LONG_ROLE = "-".join(["actor"] * 14)[:79] + "x"  # 80 characters, as long as the library writes
+
+
+def _folded_at_separators(lines: list[str], text: str) -> bool:
+    """Whether ``text`` is printed as consecutive ``lines`` broken only after a separator."""
+    for start in range(len(lines)):
+        joined, end = "", start
+        while len(joined) < len(text) and end < len(lines):
+            joined += lines[end]
+            end += 1
+        if joined == text:
+            return all(line.endswith(("-", "/", " ")) for line in lines[start : end - 1])
+    return False
+
+
+def test_summarize_keeps_step_rank_and_wall_time_with_an_80_character_role(tmp_path: Path) -> None:
+    write_ranks(tmp_path, world_size=2, steps=(1000,), role=LONG_ROLE, stage="compute-log-prob", slow={1: 0.02})
+    write_ranks(tmp_path, world_size=2, steps=(7,), role="r" * 80, stage="update")
+    doc = json.loads(_cli("summarize", tmp_path, "--json").stdout)
+    result = _cli("summarize", tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    table = result.stdout.split("top ops (self ms):")[0].splitlines()[:-1]
+    assert max(map(len, lines)) <= WIDTH, result.stdout
+    header = next(line for line in table if line.startswith("region"))
+    assert header.split() == ["region", "step", "rank", "wall", "ms", "x", "median"], result.stdout
+    from torchstep_prof.traces.summarize import format_ms
+
+    for group in doc["groups"]:
+        for number, rank in enumerate(group["ranks"]):
+            # The rank's row holds its rank and whole wall time (and the step, on the first row).
+            cells = [str(rank["rank"]), format_ms(rank["wall_ms"])]
+            if number == 0:
+                cells.insert(0, str(group["step"]))
+            assert any(_holds_in_a_row(line, cells) for line in table), (cells, result.stdout)
+    # Region names fold after a "-" or "/" only, in the table and in the headings below it.
+    assert _folded_at_separators([line.split("  ")[0] for line in table], f"{LONG_ROLE}/compute-log-prob")
+    heading = f"{LONG_ROLE}/compute-log-prob step 1000, top ops (self ms):"
+    assert _folded_at_separators(lines, heading), result.stdout
+    assert not [line for line in lines if line != line.rstrip()]
+
+
+def _holds_in_a_row(line: str, cells: list[str]) -> bool:
+    words = line.split()
+    return any(words[i : i + len(cells)] == cells for i in range(len(words)))
