@@ -138,7 +138,8 @@ def nothing_found(args: argparse.Namespace, filters: TraceFilter, unreadable: Se
     """Say why there is nothing to show; returns the exit code."""
     extra = f" ({len(unreadable)} file(s) skipped)" if unreadable else ""
     others = attrs.evolve(filters, pids=())
-    here = _pids_by_name(args, others) if filters.pids else []
+    skipped = {u.path for u in unreadable}
+    here = _pids_by_name(args, others, skipped) if filters.pids else []
     if here:  # a --pid that matches no run: say which runs there are, not only "nothing"
         wanted = ", ".join(map(str, filters.pids))
         but = " matching the other filters" if others != TraceFilter() else ""
@@ -154,15 +155,19 @@ def nothing_found(args: argparse.Namespace, filters: TraceFilter, unreadable: Se
     return EXIT_NO_TRACE
 
 
-def _pids_by_name(args: argparse.Namespace, filters: TraceFilter) -> list[int]:
-    """The pids in the names of the folder's traces that pass ``filters`` (no file is opened:
-    this only words an error)."""
+def _pids_by_name(
+    args: argparse.Namespace, filters: TraceFilter, skipped: set[str]
+) -> list[int]:
+    """The pids in the names of the folder's traces that pass ``filters``, the ``skipped``
+    files aside (no file is opened: this only words an error)."""
     pids: set[int] = set()
     try:
         paths = find_trace_files(args.directory, recursive=getattr(args, "recursive", False))
     except OSError:
         return []
     for path in paths:
+        if path in skipped:
+            continue
         try:
             name = parse_trace_name(path)
         except ValueError:
