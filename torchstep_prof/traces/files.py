@@ -11,17 +11,15 @@ of raising.
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
-import stat
-from typing import IO, Any, Callable, Iterable, Optional, Tuple
+from typing import Any, Callable, Iterable, Optional, Tuple
 
 import attrs
 
-from .events import OpTime, iter_events, region_roles, region_time, top_ops
-from ._json import loads
-from ..errors import TorchstepProfError
+from .events import OpTime, iter_events, region_ranges, region_time, top_ops
+from .fused import FusedRegions, RegionSpan, RegionTopOps, read_fused_regions
+from .loading import TraceReadError, describe_error as _describe, load_trace
 from .names import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
 
 __all__ = [
@@ -46,13 +44,6 @@ METADATA_KEY = "torchstep_prof"
 FUSED_STAGE = "train"
 """The stage of every fused trace (one trace per step, holding all of its regions)."""
 
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-class TraceReadError(TorchstepProfError):
-    """A file that cannot be used as a trace; the message says which file and why."""
-
-
 @attrs.frozen(kw_only=True)
 class TraceInfo:
     """What one trace file is: who wrote it, for which region and step, and how long it took.
@@ -65,7 +56,9 @@ class TraceInfo:
     the duration of the trace's ``ProfilerStep#<n>`` range (the owning block), or the span of its
     events when it has none; always finite and >= 0. ``start_ns`` is that range's start in epoch
     nanoseconds when the trace has a base time. ``top_ops`` is filled only when asked for
-    (``scan_traces(..., top=n)``).
+    (``scan_traces(..., top=n)``). A fused trace also has its ``regions``' entries on the
+    step's clock and (with ``top``) each region's ``region_ops``
+    (:mod:`~torchstep_prof.traces.fused`).
     """
 
     path: str
@@ -84,6 +77,8 @@ class TraceInfo:
     start_ns: Optional[int] = None
     has_distributed_info: bool = True
     top_ops: Tuple[OpTime, ...] = ()
+    regions: Tuple[RegionSpan, ...] = ()
+    region_ops: Tuple[RegionTopOps, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -137,69 +132,6 @@ class TraceFilter:
         )
 
 
-def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The parsed JSON object of a ``.json`` or gzipped trace file.
-
-    Uses orjson when it is installed. Raises :class:`TraceReadError` naming the file when it
-    cannot be read, is not (gzipped) JSON, or is not a JSON object -- whatever the reader raised
-    (a gzip or zlib error, ``RecursionError`` from deeply nested JSON, ``MemoryError``...).
-    """
-    path = os.fspath(path)
-    try:
-        with _open_regular(path) as handle:
-            data = handle.read()
-        if data[:2] == _GZIP_MAGIC:
-            data = gzip.decompress(data)
-    except TraceReadError:
-        raise
-    except Exception as exc:  # OSError, EOFError, zlib.error, MemoryError...: all one to a reader
-        raise TraceReadError(f"{path}: cannot read ({_describe(exc)})") from exc
-    try:
-        trace = loads(data)
-    except Exception as exc:  # JSONDecodeError, UnicodeDecodeError, RecursionError, MemoryError
-        raise TraceReadError(f"{path}: not valid JSON ({_describe(exc)})") from exc
-    finally:
-        del data
-    if not isinstance(trace, dict):
-        raise TraceReadError(f"{path}: not a Chrome trace (top level is not a JSON object)")
-    return trace
-
-
-_FILE_KINDS = (
-    (stat.S_ISFIFO, "a named pipe"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISDIR, "a folder"),
-)
-
-
-def _open_regular(path: str) -> IO[bytes]:
-    """``path`` opened for reading, once it is known to be a regular file.
-
-    A fifo named ``x.json`` would block a plain ``open`` until a writer comes, and a link to
-    ``/dev/zero`` would be read forever: the file is opened without blocking and checked with
-    ``fstat`` (the very file opened, not a name that may change meanwhile) before one byte is read.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise TraceReadError(
-                f"{path}: a symbolic link to nothing (to {os.readlink(path)}), not read"
-            ) from None
-        raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((what for test, what in _FILE_KINDS if test(mode)), "a special file")
-            raise TraceReadError(f"{path}: not a regular file ({kind}), not read")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def read_trace_info(
     path: str | os.PathLike[str], trace: dict[str, Any] | None = None, *, top: int = 0
 ) -> TraceInfo:
@@ -227,6 +159,7 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
     fields = _identity(path, trace)
     base_ns = _base_time(path, trace)
     wall_ms, start_us = region_time(events, fields["step"])
+    fused = FusedRegions()
     start_ns = None if base_ns is None or start_us is None else base_ns + round(start_us * 1000)
     if start_ns is not None and not 0 <= start_ns <= MAX_EPOCH_NS:
         raise TraceReadError(
@@ -236,7 +169,9 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
     dist = trace.get("distributedInfo")
     roles = (fields["role"],)
     if fields["fused"]:
-        roles = _unique(_label(role) for role in region_roles(events)) or roles
+        ranges = region_ranges(events)
+        roles = _unique(_label(r.name.split("/", 1)[0]) for r in ranges) or roles
+        fused = read_fused_regions(trace, ranges, start_us, wall_ms, top, _label)
     return TraceInfo(
         path=path,
         **fields,
@@ -246,19 +181,14 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
         size_bytes=_size(path),
         start_ns=start_ns,
         has_distributed_info=isinstance(dist, dict) and _int(dist.get("rank")) is not None,
-        top_ops=top_ops(trace, top) if top > 0 else (),
+        top_ops=fused.top_ops if fields["fused"] else top_ops(trace, top) if top > 0 else (),
+        regions=fused.spans,
+        region_ops=fused.region_ops,
     )
 
 
 def _unique(values: Iterable[str | None]) -> Tuple[str, ...]:
     return tuple(dict.fromkeys(v for v in values if v))
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    if len(text) > 200:  # a decoder may quote the input: keep one line short
-        text = text[:200] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 MAX_EPOCH_NS = 10**20
