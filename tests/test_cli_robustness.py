@@ -118,3 +118,151 @@ def test_no_trace_command_imports_torch(folder: dict, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "False"
+
+
+# --- absurd clocks: a base time or a start no date can be written for ---------------------------
+
+
+def _with_clock(directory: Path, source: Path, stage: str, base: object = None, step_ts: object = None) -> Path:
+    """A copy of the real trace ``source`` under a trace name of stage ``stage``, with its
+    ``baseTimeNanoseconds`` and/or its ``ProfilerStep`` range's ``ts`` replaced."""
+    trace = json.loads(source.read_text())
+    if base is not None:
+        trace["baseTimeNanoseconds"] = base
+    if step_ts is not None:
+        for event in trace["traceEvents"]:
+            if str(event.get("name", "")).startswith("ProfilerStep#"):
+                event["ts"] = step_ts
+    trace["torchstep_prof"] = dict(trace["torchstep_prof"], stage=stage, rank=0, world_size=2)
+    path = directory / f"actor_{stage}_step1_rank0-of-2_pid1_20260101000000000.json"
+    path.write_text(json.dumps(trace))  # json writes NaN as such
+    return path
+
+
+def test_an_absurd_base_time_is_named_and_skipped_by_every_command(tmp_path: Path) -> None:
+    root = tmp_path / "traces"
+    written = write_ranks(root, world_size=2, steps=(1,))
+    bad = {
+        _with_clock(root, written[0].path, "huge-base", base=10**300): "absurd baseTimeNanoseconds",
+        _with_clock(root, written[0].path, "nan-base", base=float("nan")): "absurd baseTimeNanoseconds",
+        _with_clock(root, written[0].path, "text-base", base="soon"): "absurd baseTimeNanoseconds",
+        _with_clock(root, written[0].path, "before-1970", step_ts=-1e16): "absurd start time",
+    }
+
+    def assert_named(result: subprocess.CompletedProcess[str]) -> None:
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr
+        for path, reason in bad.items():
+            assert f"{path}: {reason}" in result.stdout + result.stderr, (path, result.stderr)
+
+    assert_named(_cli("ls", root))
+    summary = _cli("summarize", root, "--json")
+    assert_named(summary)
+    assert sorted(json.loads(summary.stdout)["unreadable"]) == sorted(map(str, bad))
+    assert_named(_cli("summarize", root))
+    merged = _cli("merge", root, "-o", tmp_path / "m.json")
+    assert_named(merged)
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert len(doc["torchstep_prof_merge"]["inputs"]) == 2  # the two sane ranks only
+    # The output's clock is the sane traces' one: not stretched to an absurd base.
+    assert doc["baseTimeNanoseconds"] == min(
+        json.loads(w.path.read_text())["baseTimeNanoseconds"] for w in written
+    )
+    hta = _cli("hta", root, "--role", "actor", "--stage", "huge-base", "--step", 1, "-o", tmp_path / "h")
+    assert hta.returncode == 1 and f"skipped {next(iter(bad))}" in hta.stderr
+    assert "Traceback" not in hta.stderr
+    pytest.importorskip("plotly", reason="plotly is not installed (the [report] extra)")
+    page = tmp_path / "r.html"
+    report = _cli("report", root, "-o", page)
+    assert_named(report)
+    text = page.read_text()
+    assert all(f"{path.name}</code>: absurd" in text for path in bad)
+
+
+# --- special files named *.json: never opened for reading, always named --------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs fifos and /dev/zero")
+def test_special_files_are_named_and_skipped_without_a_hang(tmp_path: Path) -> None:
+    root = tmp_path / "traces"
+    write_ranks(root, world_size=2, steps=(1,))
+    (root / "sub").mkdir()
+    os.symlink(root / "deleted.json", root / "gone.json")
+    os.symlink("/dev/zero", root / "zero.json")
+    os.mkfifo(root / "pipe.json")
+    os.mkfifo(root / "sub" / "pipe.json")  # only read with -r
+    os.mkdir(root / "folder.json")  # a folder is not a file: not named
+    reasons = {
+        root / "gone.json": "a symbolic link to nothing",
+        root / "zero.json": "not a regular file (a character device)",
+        root / "pipe.json": "not a regular file (a named pipe)",
+    }
+
+    def check(result: subprocess.CompletedProcess[str], expected: dict) -> None:
+        assert result.returncode == 0, result.stderr
+        text = result.stdout + result.stderr
+        for path, reason in expected.items():
+            assert f"{path}: {reason}" in text, (path, text)
+        assert "folder.json" not in text
+
+    # A hang (reading a fifo or /dev/zero) fails on the subprocess timeout instead of stalling.
+    check(_cli("ls", root), reasons)
+    doc = _cli("summarize", root, "--json")
+    check(doc, reasons)
+    assert sorted(json.loads(doc.stdout)["unreadable"]) == sorted(map(str, reasons))
+    check(_cli("summarize", root), reasons)
+    check(_cli("summarize", root, "-r"), {**reasons, root / "sub" / "pipe.json": "not a regular file (a named pipe)"})
+    check(_cli("merge", root, "-o", tmp_path / "m.json"), reasons)
+    pytest.importorskip("plotly", reason="plotly is not installed (the [report] extra)")
+    page = tmp_path / "r.html"
+    check(_cli("report", root, "-o", page), reasons)
+    assert "zero.json</code>: not a regular file (a character device)" in page.read_text()
+
+
+# --- long labels: the numbers survive at 80 columns, only the label folds ------------------------
+
+LONG_ROLE = "-".join(["actor"] * 14)[:79] + "x"  # 80 characters, as long as the library writes
+
+
+def _folded_at_separators(lines: list[str], text: str) -> bool:
+    """Whether ``text`` is printed as consecutive ``lines`` broken only after a separator."""
+    for start in range(len(lines)):
+        joined, end = "", start
+        while len(joined) < len(text) and end < len(lines):
+            joined += lines[end]
+            end += 1
+        if joined == text:
+            return all(line.endswith(("-", "/", " ")) for line in lines[start : end - 1])
+    return False
+
+
+def test_summarize_keeps_step_rank_and_wall_time_with_an_80_character_role(tmp_path: Path) -> None:
+    write_ranks(tmp_path, world_size=2, steps=(1000,), role=LONG_ROLE, stage="compute-log-prob", slow={1: 0.02})
+    write_ranks(tmp_path, world_size=2, steps=(7,), role="r" * 80, stage="update")
+    doc = json.loads(_cli("summarize", tmp_path, "--json").stdout)
+    result = _cli("summarize", tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    table = result.stdout.split("top ops (self ms):")[0].splitlines()[:-1]
+    assert max(map(len, lines)) <= WIDTH, result.stdout
+    header = next(line for line in table if line.startswith("region"))
+    assert header.split() == ["region", "step", "rank", "wall", "ms", "x", "median"], result.stdout
+    from torchstep_prof.traces.summarize import format_ms
+
+    for group in doc["groups"]:
+        for number, rank in enumerate(group["ranks"]):
+            # The rank's row holds its rank and whole wall time (and the step, on the first row).
+            cells = [str(rank["rank"]), format_ms(rank["wall_ms"])]
+            if number == 0:
+                cells.insert(0, str(group["step"]))
+            assert any(_holds_in_a_row(line, cells) for line in table), (cells, result.stdout)
+    # Region names fold after a "-" or "/" only, in the table and in the headings below it.
+    assert _folded_at_separators([line.split("  ")[0] for line in table], f"{LONG_ROLE}/compute-log-prob")
+    heading = f"{LONG_ROLE}/compute-log-prob step 1000, top ops (self ms):"
+    assert _folded_at_separators(lines, heading), result.stdout
+    assert not [line for line in lines if line != line.rstrip()]
+
+
+def _holds_in_a_row(line: str, cells: list[str]) -> bool:
+    words = line.split()
+    return any(words[i : i + len(cells)] == cells for i in range(len(words)))

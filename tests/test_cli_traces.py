@@ -332,6 +332,14 @@ def test_merge_labels_occurrences_and_hta_takes_one(micro: Path, tmp_path: Path,
     assert code == 0 and "left out occurrence(s) 2" in out
     code, out, _ = _run(capsys, *args, "--occurrence", 2, "-o", tmp_path / "h2")
     assert code == 0 and "left out occurrence(s) 1" in out
+    # An occurrence there is none of: said once, with the occurrences there are.
+    code, out, err = _run(capsys, *args, "--occurrence", 3, "-o", tmp_path / "h3")
+    assert code == 1 and out == "" and "linking" not in err
+    assert err.strip() == (
+        f"torchstep-prof: no trace of occurrence 3 of trainer/forward step 1 in {micro}; "
+        "occurrence(s) here: 1, 2 (--occurrence K chooses)"
+    )
+    assert not (tmp_path / "h3").exists()
     for folder, occurrence in ((tmp_path / "h1", 1), (tmp_path / "h2", 2)):
         linked = sorted(folder.iterdir())
         assert len(linked) == 2
@@ -358,6 +366,18 @@ def test_several_runs_use_the_newest_and_pid_chooses(tmp_path: Path, capsys) -> 
     assert [r["pid"] for r in json.loads(out)["groups"][0]["ranks"]] == [100, 100]
     code, out, _ = _run(capsys, "ls", tmp_path, "--json")
     assert sorted(json.loads(line)["pid"] for line in out.splitlines()) == [100, 100, 200, 200]
+    # A pid of no run: said once, naming the runs there are.
+    for command in ("summarize", "ls", "merge", "report"):
+        extra = ["-o", str(tmp_path / "out" / "x")] if command in ("merge", "report") else []
+        code, out, err = _run(capsys, command, tmp_path, "--pid", "12345", *extra)
+        assert code == 1, command
+        assert err.strip() == (
+            f"torchstep-prof: no trace of pid 12345 in {tmp_path}; pids here: 100, 200 (--pid chooses)"
+        ), (command, err)
+        assert "newest" not in out + err
+    code, _, err = _run(capsys, "summarize", tmp_path, "--pid", "12345", "--rank", "1")
+    assert code == 1 and "no trace of pid 12345 matching the other filters" in err
+    assert "pids here: 100, 200" in err
 
 
 def test_fused_traces_group_across_ranks_whatever_roles(tmp_path: Path, capsys) -> None:

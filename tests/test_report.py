@@ -139,10 +139,15 @@ def test_every_figure_is_a_valid_plotly_figure(straggler_page):
         go.Figure(fig)  # plotly's own validation: raises on any property it does not know
     timeline = figs[0]
     hover = timeline["data"][0]["hovertemplate"]
-    assert all(f"%{{customdata[{i}]}}" in hover for i in range(6)) and "%{x:.2f} ms" in hover
-    role, stage, step, _, rank, file = timeline["data"][0]["customdata"][0]
+    assert all(f"%{{customdata[{i}]}}" in hover for i in range(7))
+    # A bar with a base: plotly's %{x} is where it ends, never its duration.
+    assert "%{x" not in hover and "%{customdata[6]} ms, from %{base:.2f} ms" in hover
+    role, stage, step, _, rank, file, duration = timeline["data"][0]["customdata"][0]
     assert (role, stage, step) == ("actor", "update", 1) and rank == 0
     assert file.startswith("actor_update_step1_rank0-of-4_pid") and file.endswith(".json")
+    for trace in timeline["data"]:
+        for row, x in zip(trace["customdata"], trace["x"]):
+            assert re.fullmatch(r"\d+\.\d\d", row[6]) and abs(float(row[6]) - x) < 0.0051
 
 
 # --- in a real browser ---------------------------------------------------------------------------
@@ -225,7 +230,8 @@ def test_filters_choose_what_the_page_shows(straggler_dir, tmp_path):
     pid = os.getpid()  # the factory wrote every trace in this process
     assert cli("report", str(straggler_dir), "-o", str(out), "--pid", str(pid)).returncode == 0
     done = cli("report", str(straggler_dir), "-o", str(tmp_path / "none.html"), "--pid", str(pid + 1))
-    assert done.returncode == 1 and "no usable trace matching the filters" in done.stderr
+    # The pids the folder's trace names hold (the truncated file's pid1 too: it is not opened).
+    assert done.returncode == 1 and f"no trace of pid {pid + 1} in {straggler_dir}; pids here: 1, {pid} (--pid chooses)" in done.stderr
 
 
 # --- real traces from the example ----------------------------------------------------------------
@@ -283,3 +289,63 @@ def test_report_does_not_import_torch(straggler_dir, tmp_path):
     done = cli("report", str(straggler_dir), "-o", str(tmp_path / "r.html"), code=check)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("no torch")
+
+
+@pytest.fixture(scope="module")
+def fused_dir(tmp_path_factory) -> Path:
+    """``examples/rl_step.py --fused`` run as ranks 0 and 1 of 2 at once: one trace per rank of
+    steps 2 and 3, each holding the step's five regions."""
+    folder = tmp_path_factory.mktemp("fused") / "profile"
+    env = dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="2", TORCHSTEP_PROF_OVERRIDES="all_ranks=true", TORCHSTEP_PROF_SUMMARY="0")
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "examples/rl_step.py", "--fused", "--save-path", str(folder)],
+            cwd=ROOT, env=dict(env, RANK=str(rank)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    for run in runs:
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+    return folder
+
+
+FUSED_REGIONS = {"rollout/generate", "actor/compute-log-prob", "ref/compute-log-prob", "critic/update", "actor/update"}
+
+
+def test_report_of_fused_traces_draws_each_region_inside_its_step(fused_dir, tmp_path):
+    page = tmp_path / "fused.html"
+    done = cli("report", str(fused_dir), "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {page}: 4 trace(s), 2 group(s)" in done.stdout  # traces, not bars
+    figs = figures(page)
+    timelines = [f for f in figs if f["layout"].get("barmode") == "overlay"]
+    assert len(timelines) == 2
+    for timeline in timelines:
+        whole, *regions = timeline["data"]
+        assert whole["name"] == "rollout-actor-ref-critic/train (whole step)"
+        assert {t["name"] for t in regions} == FUSED_REGIONS
+        assert sorted(whole["y"]) == sorted(set(whole["y"])) and len(whole["y"]) == 2  # a row per rank
+        step = {y: (b, b + x) for y, x, b in zip(whole["y"], whole["x"], whole["base"])}
+        for trace in regions:
+            assert sorted(trace["y"]) == sorted(step)  # each region in each rank's row
+            for y, x, b, row in zip(trace["y"], trace["x"], trace["base"], trace["customdata"]):
+                start, end = step[y]
+                assert start - 1e-3 <= b and b + x <= end + 1e-3, (trace["name"], y)  # inside its step
+                assert f"{row[0]}/{row[1]}" == trace["name"] and abs(float(row[6]) - x) < 0.0051
+        # The regions run one after the other, in the order the example enters them.
+        order = sorted(regions, key=lambda t: t["base"][0])
+        assert [t["name"] for t in order] == ["rollout/generate", "actor/compute-log-prob", "ref/compute-log-prob", "critic/update", "actor/update"]
+    text = page.read_text()
+    cards = re.findall(r'<section id="regions">.*', text, re.S)[0]
+    for region in FUSED_REGIONS:  # per region its top operators, read inside the fused traces
+        assert f"<h3>{region}</h3>" in cards, region
+    assert "<h3>rollout-actor-ref-critic/train (whole fused step)</h3>" in cards
+    ops = [f for f in figs if f["layout"]["xaxis"]["title"]["text"] == "self ms per trace"]
+    assert len(ops) == len(FUSED_REGIONS) + 1
+    assert all(any(name.startswith("aten::") for name in fig["data"][0]["y"]) for fig in ops)
+    probe = probe_page(page, window=(1280, 900))
+    assert probe["errors"] == [] and probe["drawn"] == len(probe["charts"])
+    drawn = [c for c in probe["charts"] if c["kind"] == "timeline"]
+    assert [c["bars"] for c in drawn] == [12, 12]  # per rank: the step and its five regions
+    assert all("actor/update" in c["text"] and "rank 1 pid" in c["text"] for c in drawn)

@@ -220,3 +220,34 @@ def test_file_names_are_shortened_or_listed_below_when_narrow():
             assert [r.split()[-1] for r in rows] == [f"…{n[-14:]}" for n in names]
         else:  # no room for a file column: the names, whole, under the table
             assert [line.strip() for line in lines if line.startswith("  learner_")] == names
+
+
+LONG_ROLE = "-".join(["actor"] * 14)[:79] + "x"  # 80 characters: the longest label kept whole
+
+
+@pytest.mark.parametrize("role", [LONG_ROLE, "r" * 46, "r" * 60, "p" + "-q" * 30])
+def test_step_rank_wall_time_and_size_survive_long_roles_at_80_columns(role):
+    pid = os.getpid()
+    traces = tuple(
+        tsp.TraceRecord(
+            role=role, stage="compute-log-prob", step=1000 + i, rank=3, world_size=8, discrete=True,
+            path=f"outputs/profile/{role}_compute-log-prob_step{1000 + i}_rank3-of-8_pid{pid}_202612011000{i:02d}31000.json",
+            occurrence=1 + i, size_bytes=5_000_000, wall_s=4.9123,
+        )
+        for i in range(2)
+    )  # fmt: skip
+    buffer = io.StringIO()
+    tsp.print_summary(tsp.ProfilingRecords(traces=traces), Console(file=buffer, width=80))
+    text = buffer.getvalue()
+    lines = text.splitlines()
+    table = lines[1 : lines.index("files, in the order of the rows:")]
+    assert max(map(len, table)) <= 80, text
+    assert table[0].split() == ["role", "stage", "step", "occ", "rank", "wall", "ms", "size"], text
+    rows = [line for line in table if "MiB" in line]
+    assert len(rows) == 2, text
+    for i, row in enumerate(rows):  # every number whole: nothing cut to "4.9 K…" or gone
+        assert row.split()[-6:] == [str(1000 + i), str(1 + i), "3", "4912.3", "4.8", "MiB"], text
+    # Only the role folds, after a "-" (or is cut with "…" when it has none): never mid-word.
+    cells = [line[: table[0].index("stage")].rstrip() for line in table[2:]]
+    assert all(cell.endswith(("-", "…")) or role.endswith(cell) for cell in cells if cell), text
+    assert [line.strip() for line in lines if line.startswith("  ")] == [os.path.basename(t.path) for t in traces]

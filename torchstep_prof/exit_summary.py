@@ -78,6 +78,27 @@ def _file_cells(data: ProfilingRecords, folder: str | None, pid: int) -> tuple[l
     return cells, how
 
 
+_LABELS = ("role", "stage")
+_MIN_LABEL = 8  # a folded role or stage keeps this many characters a line at least
+
+
+def _fold_labels(columns: list, widths: list[int], width: int, gap: int) -> None:
+    """Fold the role and stage cells (in place) so that the table fits ``width``: the numbers
+    keep their width, the stage keeps its own when it can, the role takes what is left."""
+    from ._label_wrap import wrap_label
+
+    index = {header: i for i, (header, _, _) in enumerate(columns)}
+    fixed = sum(w for (h, _, _), w in zip(columns, widths) if h not in _LABELS)
+    room = width - fixed - gap * (len(columns) - 1)
+    stage_width = min(widths[index["stage"]], max(_MIN_LABEL, room // 3))
+    role_width = max(_MIN_LABEL, room - stage_width)
+    for header, fold_to in (("role", role_width), ("stage", stage_width)):
+        i = index[header]
+        title, justify, cells = columns[i]
+        columns[i] = (title, justify, [wrap_label(cell, fold_to) for cell in cells])
+        widths[i] = min(widths[i], fold_to)
+
+
 def _display(path: str, folder: str | None) -> str:
     return os.path.basename(path) if folder is not None else _short_path(path)
 
@@ -122,11 +143,15 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         return width is None or sum(widths[:count]) + gap * (count - 1) <= width
 
     # The first layout that fits: two spaces between columns, then one (before rich would cut
-    # a cell), then without the file column (the names then listed under the table).
+    # a cell), then without the file column (the names then listed under the table), and last
+    # with the role and stage folded after a "-" (never a number cut: step, rank, wall time
+    # and size keep their width whatever the labels).
     layouts = [(len(columns), 2), (len(columns), 1), (len(columns) - 1, 2)]
     count, gap = next(((c, g) for c, g in layouts if fits(c, g)), (len(columns) - 1, 1))
     files_below = count < len(columns)
     columns = columns[:count]
+    if not fits(count, gap):
+        _fold_labels(columns, widths, width or 0, gap)
     table = Table(
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -135,8 +160,17 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         expand=False,
         padding=(0, 1) if gap == 2 else 0,  # plus the box's one-space column separator
     )
-    for header, justify, _ in columns:
-        table.add_column(header, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for (header, justify, cells), natural in zip(columns, widths):
+        label = header in _LABELS
+        table.add_column(
+            header,
+            justify=justify,  # type: ignore[arg-type]
+            no_wrap=True,
+            # A number keeps its whole width; a label was folded to its column's width above.
+            min_width=None if label else natural,
+            max_width=max(map(len, "\n".join(cells).split("\n")), default=0) if label else None,
+            overflow="ellipsis",
+        )
     for row in zip(*(cells for _, _, cells in columns)):
         table.add_row(*(Text(cell) for cell in row))
     lines: list[str] = []

@@ -10,7 +10,10 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TextIO
 
+import attrs
+
 from ..traces.files import TraceFilter, TraceInfo, Unreadable, find_trace_files, scan_traces
+from ..traces.names import parse_trace_name
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -133,12 +136,45 @@ def usable_traces(
 
 def nothing_found(args: argparse.Namespace, filters: TraceFilter, unreadable: Sequence) -> int:
     """Say why there is nothing to show; returns the exit code."""
+    extra = f" ({len(unreadable)} file(s) skipped)" if unreadable else ""
+    others = attrs.evolve(filters, pids=())
+    skipped = {u.path for u in unreadable}
+    here = _pids_by_name(args, others, skipped) if filters.pids else []
+    if here:  # a --pid that matches no run: say which runs there are, not only "nothing"
+        wanted = ", ".join(map(str, filters.pids))
+        but = " matching the other filters" if others != TraceFilter() else ""
+        error(
+            f"no trace of pid {wanted}{but} in {args.directory}; pids here: "
+            f"{', '.join(map(str, here))} (--pid chooses){extra}"
+        )
+        return EXIT_NO_TRACE
     what = "no usable trace"
     if filters != TraceFilter():
         what += " matching the filters"
-    extra = f" ({len(unreadable)} file(s) skipped)" if unreadable else ""
     error(f"{what} in {args.directory}{extra}")
     return EXIT_NO_TRACE
+
+
+def _pids_by_name(
+    args: argparse.Namespace, filters: TraceFilter, skipped: set[str]
+) -> list[int]:
+    """The pids in the names of the folder's traces that pass ``filters``, the ``skipped``
+    files aside (no file is opened: this only words an error)."""
+    pids: set[int] = set()
+    try:
+        paths = find_trace_files(args.directory, recursive=getattr(args, "recursive", False))
+    except OSError:
+        return []
+    for path in paths:
+        if path in skipped:
+            continue
+        try:
+            name = parse_trace_name(path)
+        except ValueError:
+            continue
+        if filters.matches(name):
+            pids.add(name.pid)
+    return sorted(pids)
 
 
 

@@ -76,20 +76,21 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return infos
     left_out = sorted({(i.occurrence, i.rank) for i in infos if i.occurrence != args.occurrence})
     infos = [i for i in infos if i.occurrence == args.occurrence]
+    occurrences = ", ".join(map(str, sorted({occ for occ, _ in left_out})))
+    if not infos:  # said once: not "linking occurrence K" first and then that there is none
+        _tracedir.error(
+            f"no trace of occurrence {args.occurrence} of {args.role}/{args.stage} "
+            f"step {args.step} in {args.directory}; occurrence(s) here: {occurrences} "
+            "(--occurrence K chooses)"
+        )
+        return _tracedir.EXIT_NO_TRACE
     if left_out:
-        occurrences = sorted({occ for occ, _ in left_out})
         print(
-            f"left out occurrence(s) {', '.join(map(str, occurrences))} of "
+            f"left out occurrence(s) {occurrences} of "
             f"{args.role}/{args.stage} step {args.step} (ranks "
             f"{', '.join(map(str, sorted({rank for _, rank in left_out})))}); "
             f"linking occurrence {args.occurrence} (--occurrence K chooses)"
         )
-    if not infos:
-        _tracedir.error(
-            f"no trace of occurrence {args.occurrence} of {args.role}/{args.stage} "
-            f"step {args.step} in {args.directory}"
-        )
-        return _tracedir.EXIT_NO_TRACE
 
     by_rank: dict[int, list[TraceInfo]] = {}
     for info in infos:

@@ -1,4 +1,8 @@
-"""Reading the events of a Chrome trace: the region's wall time, operators by self time."""
+"""Reading the events of a Chrome trace: wall time, region ranges, operators by self time.
+
+Operators are ranked for the whole trace and, in the same pass, for each region range they run in
+(a fused trace holds every region of its step).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,15 @@ import attrs
 __all__ = [
     "OP_CATEGORIES",
     "OpTime",
+    "RegionRange",
     "is_operator",
     "iter_events",
+    "outer_ranges",
+    "region_ranges",
     "region_roles",
     "region_time",
     "top_ops",
+    "top_ops_by_region",
 ]
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -97,14 +105,59 @@ def _number(value: Any, *, duration: bool = False) -> float | None:
 def region_roles(events: list[Any]) -> list[str]:
     """The roles of the region ranges (``<role>/<stage>``) in ``events``, in order of first
     appearance, as written (raw labels)."""
-    roles: dict[str, None] = {}
+    return list(dict.fromkeys(r.name.split("/", 1)[0] for r in region_ranges(events)))
+
+
+@attrs.frozen(kw_only=True)
+class RegionRange:
+    """A region range (``<role>/<stage>``, the raw label) of a trace: its track, its start
+    (``ts``, µs) and its duration (µs)."""
+
+    name: str
+    track: Any
+    ts: float
+    dur: float
+
+
+def region_ranges(events: list[Any]) -> list[RegionRange]:
+    """The region ranges in ``events`` (``cpu_op`` ranges of the owner's thread, ``user_annotation``
+    spans of other threads and tasks), in trace order; those with absurd times are left out."""
+    found = []
     for event in events:
         if not isinstance(event, dict) or event.get("ph") != "X":
             continue
         name, cat = event.get("name"), event.get("cat")
         if isinstance(name, str) and cat in ("cpu_op", "user_annotation") and _is_region(name):
-            roles.setdefault(name.split("/", 1)[0], None)
-    return list(roles)
+            ts, dur = _number(event.get("ts")), _number(event.get("dur"), duration=True)
+            if ts is not None and dur is not None:
+                track = (event.get("pid"), event.get("tid"))
+                found.append(RegionRange(name=name, track=repr(track), ts=ts, dur=dur))
+    return found
+
+
+def outer_ranges(ranges: Sequence[RegionRange], start_us: float, end_us: float) -> list[RegionRange]:
+    """The outermost of ``ranges`` on each track (a nested region is inside its parent's bar),
+    cut to ``[start_us, end_us]`` (the owning block), in order of start."""
+    outer = []
+    for _, mine in sorted(_by_track(ranges).items()):
+        mine.sort(key=lambda r: (r.ts, -r.dur))
+        end = -math.inf
+        for r in mine:
+            if r.ts < end:  # nested in (or overlapping) the range kept before it
+                continue
+            end = r.ts + r.dur
+            first, last = max(r.ts, start_us), min(end, end_us)
+            if last > first or (r.dur == 0 and start_us <= r.ts <= end_us):
+                outer.append(attrs.evolve(r, ts=first, dur=max(0.0, last - first)))
+    outer.sort(key=lambda r: (r.ts, r.name))
+    return outer
+
+
+def _by_track(ranges: Sequence[RegionRange]) -> dict[Any, list[RegionRange]]:
+    tracks: dict[Any, list[RegionRange]] = {}
+    for r in ranges:
+        tracks.setdefault(r.track, []).append(r)
+    return tracks
 
 
 def _is_region(name: str) -> bool:
@@ -119,8 +172,21 @@ def top_ops(trace: dict[str, Any], n: int) -> Tuple[OpTime, ...]:
     memset, CUDA runtime calls): not ranges (``user_annotation``, region ranges) nor Python
     frames.
     """
+    return top_ops_by_region(trace, n, by_region=False)[0]
+
+
+def top_ops_by_region(
+    trace: dict[str, Any], n: int, *, by_region: bool = True
+) -> tuple[Tuple[OpTime, ...], dict[str, Tuple[OpTime, ...]]]:
+    """:func:`top_ops` of the whole trace and, in the same pass, of each region range: the
+    ``n`` operators with the most self time directly or indirectly inside a ``<role>/<stage>``
+    range (the innermost one, on the same thread), keyed by the range's raw label.
+
+    Operators of other tracks (GPU kernels on their streams) count for the whole trace only: a
+    kernel is not nested in the CPU range that launched it.
+    """
     if n <= 0:
-        return ()
+        return (), {}
     threads: dict[tuple[Any, Any], list[tuple[float, float, str, str]]] = {}
     numbers = (int, float)  # exact types: bool is not a time
     for event in iter_events(trace):
@@ -143,26 +209,43 @@ def top_ops(trace: dict[str, Any], n: int) -> Tuple[OpTime, ...]:
         name, cat = event.get("name", ""), event.get("cat", "")
         rows.append((ts, dur, name if type(name) is str else str(name), cat if type(cat) is str else str(cat)))
     totals: dict[str, float] = {}
+    regions: dict[str, dict[str, float]] = {}
     for rows in threads.values():
         # Parents before children: earlier start first, and the longer of two that start together.
         rows.sort(key=lambda row: (row[0], -row[1]))
-        for (name, cat), self_us in zip(((r[2], r[3]) for r in rows), _self_times(rows)):
+        self_us, inside = _self_times(rows, by_region)
+        for (_, _, name, cat), us, region in zip(rows, self_us, inside):
             if is_operator(name, cat):
-                totals[name] = totals.get(name, 0.0) + self_us
+                totals[name] = totals.get(name, 0.0) + us
+                if region is not None:
+                    ops = regions.setdefault(region, {})
+                    ops[name] = ops.get(name, 0.0) + us
+    return _ranked(totals, n), {region: _ranked(ops, n) for region, ops in regions.items()}
+
+
+def _ranked(totals: dict[str, float], n: int) -> Tuple[OpTime, ...]:
     ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:n]
     return tuple(OpTime(name=name, self_ms=us / 1000.0) for name, us in ranked)
 
 
-def _self_times(rows: Sequence[tuple[float, float, str, str]]) -> list[float]:
+def _self_times(
+    rows: Sequence[tuple[float, float, str, str]], by_region: bool = False
+) -> tuple[list[float], list[str | None]]:
+    """Each row's self time, and (``by_region``) the innermost region range it is in."""
     self_us = [dur for _, dur, _, _ in rows]
+    inside: list[str | None] = [None] * len(rows)
     stack: list[tuple[int, float]] = []  # (index, end) of the open ancestors
-    for i, (ts, dur, _, _) in enumerate(rows):
+    for i, (ts, dur, name, cat) in enumerate(rows):
         while stack and stack[-1][1] <= ts:
             stack.pop()
         if stack:
             self_us[stack[-1][0]] -= dur
+            if by_region:
+                inside[i] = inside[stack[-1][0]]
+        if by_region and cat in ("cpu_op", "user_annotation") and _is_region(name):
+            inside[i] = name
         stack.append((i, ts + dur))
-    return [max(0.0, us) for us in self_us]
+    return [max(0.0, us) for us in self_us], inside
 
 
 def iter_events(trace: dict[str, Any]) -> Iterator[dict[str, Any]]:

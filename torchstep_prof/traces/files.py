@@ -11,16 +11,15 @@ of raising.
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
 from typing import Any, Callable, Iterable, Optional, Tuple
 
 import attrs
 
-from .events import OpTime, iter_events, region_roles, region_time, top_ops
-from ._json import loads
-from ..errors import TorchstepProfError
+from .events import OpTime, iter_events, region_ranges, region_time, top_ops
+from .fused import FusedRegions, RegionSpan, RegionTopOps, read_fused_regions
+from .loading import TraceReadError, describe_error as _describe, load_trace
 from .names import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
 
 __all__ = [
@@ -45,13 +44,6 @@ METADATA_KEY = "torchstep_prof"
 FUSED_STAGE = "train"
 """The stage of every fused trace (one trace per step, holding all of its regions)."""
 
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-class TraceReadError(TorchstepProfError):
-    """A file that cannot be used as a trace; the message says which file and why."""
-
-
 @attrs.frozen(kw_only=True)
 class TraceInfo:
     """What one trace file is: who wrote it, for which region and step, and how long it took.
@@ -64,7 +56,9 @@ class TraceInfo:
     the duration of the trace's ``ProfilerStep#<n>`` range (the owning block), or the span of its
     events when it has none; always finite and >= 0. ``start_ns`` is that range's start in epoch
     nanoseconds when the trace has a base time. ``top_ops`` is filled only when asked for
-    (``scan_traces(..., top=n)``).
+    (``scan_traces(..., top=n)``). A fused trace also has its ``regions``' entries on the
+    step's clock and (with ``top``) each region's ``region_ops``
+    (:mod:`~torchstep_prof.traces.fused`).
     """
 
     path: str
@@ -83,6 +77,8 @@ class TraceInfo:
     start_ns: Optional[int] = None
     has_distributed_info: bool = True
     top_ops: Tuple[OpTime, ...] = ()
+    regions: Tuple[RegionSpan, ...] = ()
+    region_ops: Tuple[RegionTopOps, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -136,32 +132,6 @@ class TraceFilter:
         )
 
 
-def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The parsed JSON object of a ``.json`` or gzipped trace file.
-
-    Uses orjson when it is installed. Raises :class:`TraceReadError` naming the file when it
-    cannot be read, is not (gzipped) JSON, or is not a JSON object -- whatever the reader raised
-    (a gzip or zlib error, ``RecursionError`` from deeply nested JSON, ``MemoryError``...).
-    """
-    path = os.fspath(path)
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-        if data[:2] == _GZIP_MAGIC:
-            data = gzip.decompress(data)
-    except Exception as exc:  # OSError, EOFError, zlib.error, MemoryError...: all one to a reader
-        raise TraceReadError(f"{path}: cannot read ({_describe(exc)})") from exc
-    try:
-        trace = loads(data)
-    except Exception as exc:  # JSONDecodeError, UnicodeDecodeError, RecursionError, MemoryError
-        raise TraceReadError(f"{path}: not valid JSON ({_describe(exc)})") from exc
-    finally:
-        del data
-    if not isinstance(trace, dict):
-        raise TraceReadError(f"{path}: not a Chrome trace (top level is not a JSON object)")
-    return trace
-
-
 def read_trace_info(
     path: str | os.PathLike[str], trace: dict[str, Any] | None = None, *, top: int = 0
 ) -> TraceInfo:
@@ -187,13 +157,21 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
     if not isinstance(events, list):
         raise TraceReadError(f"{path}: not a Chrome trace (no traceEvents list)")
     fields = _identity(path, trace)
-    base = _finite(trace.get("baseTimeNanoseconds"))
-    base_ns = int(base) if base is not None else None
+    base_ns = _base_time(path, trace)
     wall_ms, start_us = region_time(events, fields["step"])
+    fused = FusedRegions()
+    start_ns = None if base_ns is None or start_us is None else base_ns + round(start_us * 1000)
+    if start_ns is not None and not 0 <= start_ns <= MAX_EPOCH_NS:
+        raise TraceReadError(
+            f"{path}: absurd start time (baseTimeNanoseconds plus the step's ts is "
+            f"{start_ns / 1e9:.3g} s since 1970)"
+        )
     dist = trace.get("distributedInfo")
     roles = (fields["role"],)
     if fields["fused"]:
-        roles = _unique(_label(role) for role in region_roles(events)) or roles
+        ranges = region_ranges(events)
+        roles = _unique(_label(r.name.split("/", 1)[0]) for r in ranges) or roles
+        fused = read_fused_regions(trace, ranges, start_us, wall_ms, top, _label)
     return TraceInfo(
         path=path,
         **fields,
@@ -201,9 +179,11 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
         wall_ms=wall_ms,
         base_time_ns=base_ns,
         size_bytes=_size(path),
-        start_ns=None if base_ns is None or start_us is None else base_ns + round(start_us * 1000),
+        start_ns=start_ns,
         has_distributed_info=isinstance(dist, dict) and _int(dist.get("rank")) is not None,
-        top_ops=top_ops(trace, top) if top > 0 else (),
+        top_ops=fused.top_ops if fields["fused"] else top_ops(trace, top) if top > 0 else (),
+        regions=fused.spans,
+        region_ops=fused.region_ops,
     )
 
 
@@ -211,11 +191,27 @@ def _unique(values: Iterable[str | None]) -> Tuple[str, ...]:
     return tuple(dict.fromkeys(v for v in values if v))
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    if len(text) > 200:  # a decoder may quote the input: keep one line short
-        text = text[:200] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+MAX_EPOCH_NS = 10**20
+"""Epoch times past this (year 5138; :data:`~torchstep_prof.traces.events.MAX_TIME_US` in ns) or
+before 1970 are corrupt: such a base time would stretch a merged timeline over centuries, and no
+date can be written for it."""
+
+
+def _base_time(path: str, trace: dict[str, Any]) -> int | None:
+    """The trace's ``baseTimeNanoseconds`` (None when it has none); a value that is not a time
+    within 1970..:data:`MAX_EPOCH_NS` is a :class:`TraceReadError`, never guessed around."""
+    value = trace.get("baseTimeNanoseconds")
+    if value is None:
+        return None
+    number = _finite(value)
+    if number is None or not 0 <= number <= MAX_EPOCH_NS:
+        try:
+            text = repr(value)
+        except ValueError:  # an integer of more digits than Python prints
+            text = "a huge integer"
+        text = text if len(text) <= 24 else text[:21] + "..."
+        raise TraceReadError(f"{path}: absurd baseTimeNanoseconds ({text}): not a time since 1970")
+    return value if isinstance(value, int) else int(number)
 
 
 def _finite(value: Any) -> float | None:
@@ -306,8 +302,19 @@ def find_trace_files(directory: str | os.PathLike[str], *, recursive: bool = Fal
             found.extend(os.path.join(root, f) for f in files if f.endswith(TRACE_SUFFIXES))
     else:
         with os.scandir(directory) as entries:
-            found.extend(e.path for e in entries if e.name.endswith(TRACE_SUFFIXES) and e.is_file())
+            # Not only regular files: a fifo or a dangling link named *.json is listed, so that
+            # reading it names it as skipped (see load_trace) rather than hiding it.
+            found.extend(
+                e.path for e in entries if e.name.endswith(TRACE_SUFFIXES) and not _is_dir(e)
+            )
     return sorted(found)
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a link loop, say: a file to name as skipped
+        return False
 
 
 def scan_traces(

@@ -2,7 +2,8 @@
 
 Data first: :func:`build_report` turns scanned traces (one per file, read one at a time by
 :func:`~torchstep_prof.traces.files.scan_traces`) into a :class:`Report` — summarize's groups, the
-findings, one timeline bar per trace on wall-clock time, each region's top operators. Nothing
+findings, timeline bars on wall-clock time (one per discrete trace; a fused trace's step and one
+per region entry inside it), each region's top operators (inside fused traces too). Nothing
 here draws: :mod:`torchstep_prof.traces.report_page` renders a report as an HTML page.
 """
 
@@ -26,7 +27,9 @@ REGION_TOP_OPS = 10
 
 @attrs.frozen(kw_only=True)
 class TimelineBar:
-    """One trace as a bar on wall-clock time: its owning region, from ``start_ns`` (epoch)."""
+    """A bar on wall-clock time, from ``start_ns`` (epoch): a discrete trace's owning region, or
+    one region entry inside a fused trace, or (``whole_step``) a fused trace's whole step, which
+    is drawn under its regions so that the time between them shows."""
 
     role: str
     stage: str
@@ -37,16 +40,20 @@ class TimelineBar:
     file: str
     start_ns: int
     wall_ms: float
+    whole_step: bool = False
 
 
 @attrs.frozen(kw_only=True)
 class RegionOps:
-    """A region's (role, stage) top operators: self time per trace, averaged over ``traces``."""
+    """A region's (role, stage) top operators: self time per trace, averaged over ``traces``
+    (its discrete traces and the fused traces holding it). ``whole_step``: a fused trace's
+    step as a whole (its operators inside a region or not)."""
 
     role: str
     stage: str
     traces: int
     ops: Tuple[OpTime, ...]
+    whole_step: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -64,7 +71,7 @@ class Report:
 
     @property
     def traces(self) -> int:
-        return len(self.bars)
+        return len({bar.file for bar in self.bars})
 
     @property
     def unreadable(self) -> Tuple[Unreadable, ...]:
@@ -95,16 +102,17 @@ def build_report(
         generated=dt.datetime.now(dt.timezone.utc),
         summary=summarize(infos, unreadable, straggler_ratio=straggler_ratio, top=top),
         findings=find_findings(deep),
-        bars=tuple(sorted((_bar(info) for info in infos), key=_bar_order)),
+        bars=tuple(sorted((bar for info in infos for bar in _bars(info)), key=_bar_order)),
         regions=_region_ops(infos, top),
         filters=tuple(filters),
         other_runs=tuple(other_runs),
     )
 
 
-def _bar(info: TraceInfo) -> TimelineBar:
+def _bars(info: TraceInfo) -> list[TimelineBar]:
+    """A discrete trace's bar; a fused trace's whole step and a bar per region entry in it."""
     start_ns = info.start_ns if info.start_ns is not None else round(started_at(info) * 1e9)
-    return TimelineBar(
+    trace = TimelineBar(
         role=info.role,
         stage=info.stage,
         step=info.step,
@@ -114,11 +122,26 @@ def _bar(info: TraceInfo) -> TimelineBar:
         file=info.path,
         start_ns=start_ns,
         wall_ms=info.wall_ms,
+        whole_step=bool(getattr(info, "regions", ())),
     )
+    regions = [
+        attrs.evolve(
+            trace,
+            role=span.role,
+            stage=span.stage,
+            occurrence=span.occurrence,
+            start_ns=start_ns + round(span.offset_ms * 1e6),
+            wall_ms=span.wall_ms,
+            whole_step=False,
+        )
+        for span in getattr(info, "regions", ())
+    ]
+    return [trace, *regions]
 
 
-def _bar_order(bar: TimelineBar) -> tuple[int, int, int, int]:
-    return (bar.step, bar.rank, bar.pid if bar.pid is not None else -1, bar.start_ns)
+def _bar_order(bar: TimelineBar) -> tuple[int, int, int, bool, int]:
+    # A fused trace's whole step first: drawn first, it lies under its regions.
+    return (bar.step, bar.rank, bar.pid if bar.pid is not None else -1, not bar.whole_step, bar.start_ns)
 
 
 def occurrence_of(info: TraceInfo) -> int:
@@ -138,16 +161,25 @@ def pid_of(info: TraceInfo) -> Optional[int]:
 
 
 def _region_ops(infos: Sequence[TraceInfo], top: int) -> Tuple[RegionOps, ...]:
-    totals: dict[tuple[str, str], dict[str, float]] = {}
-    counts: dict[tuple[str, str], int] = {}
-    for info in infos:
-        key = (info.role, info.stage)
+    """Each region's top operators averaged over the traces holding it: its discrete traces,
+    and the fused traces it ran in (from their per-region operators); each fused step as a
+    whole is a region of its own, marked ``whole_step``."""
+    totals: dict[tuple[str, str, bool], dict[str, float]] = {}
+    counts: dict[tuple[str, str, bool], int] = {}
+
+    def add(key: tuple[str, str, bool], ops: Sequence[OpTime]) -> None:
         counts[key] = counts.get(key, 0) + 1
         region = totals.setdefault(key, {})
-        for op in info.top_ops:
+        for op in ops:
             region[op.name] = region.get(op.name, 0.0) + op.self_ms
+
+    for info in infos:
+        fused = bool(getattr(info, "regions", ()) or getattr(info, "region_ops", ()))
+        add((info.role, info.stage, fused), info.top_ops)
+        for region in getattr(info, "region_ops", ()):
+            add((region.role, region.stage, False), region.ops)
     regions = []
-    for key in sorted(totals):
+    for key in sorted(totals, key=lambda k: (k[2], k[0], k[1])):
         ranked = sorted(totals[key].items(), key=lambda item: (-item[1], item[0]))[:top]
         regions.append(
             RegionOps(
@@ -155,6 +187,7 @@ def _region_ops(infos: Sequence[TraceInfo], top: int) -> Tuple[RegionOps, ...]:
                 stage=key[1],
                 traces=counts[key],
                 ops=tuple(OpTime(name=name, self_ms=ms / counts[key]) for name, ms in ranked),
+                whole_step=key[2],
             )
         )
     return tuple(regions)

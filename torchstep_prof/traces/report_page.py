@@ -28,6 +28,7 @@ _COLORS = (
     "#EECA3B", "#9D755D", "#FF9DA6", "#BAB0AC", "#79706E",
 )  # fmt: skip
 _BAR = "#4C78A8"
+_WHOLE_STEP = "#D9D9D9"
 _STRAGGLER = "#D62728"
 
 
@@ -48,7 +49,7 @@ def load_plotlyjs() -> str:
 
 def render_page(report: Report, plotlyjs: str) -> str:
     """The whole page: header, what stands out, per step a timeline and the groups' wall-time
-    charts, per region its top operators."""
+    charts, per region its top operators (the regions inside fused traces included)."""
     figures: list[dict[str, Any]] = []
 
     def chart(figure: dict[str, Any], css: str) -> str:
@@ -75,8 +76,9 @@ def render_page(report: Report, plotlyjs: str) -> str:
         body.append("</div></section>")
     body.append('<section id="regions"><h2>Top operators by region</h2><div class="grid">')
     for region in report.regions:
+        whole = " (whole fused step)" if region.whole_step else ""
         body.append(
-            f'<div class="card"><h3>{_e(region.role)}/{_e(region.stage)}</h3>'
+            f'<div class="card"><h3>{_e(region.role)}/{_e(region.stage)}{whole}</h3>'
             f'<p class="meta">self time per trace, averaged over {region.traces} trace(s)</p>'
             + chart(_region_figure(region), "ops")
             + "</div>"
@@ -259,27 +261,35 @@ def _timeline_figure(step: int, bars: Sequence[TimelineBar]) -> dict[str, Any]:
     origin = min(b.start_ns for b in bars)
     rows = sorted({(b.rank, b.pid if b.pid is not None else -1) for b in bars})
     row_label = {key: _row_label(*key) for key in rows}
-    regions = sorted({(b.role, b.stage) for b in bars})
+    # A fused trace's whole step first: drawn first, it lies under the regions it holds, and
+    # shows in grey the time between them.
+    regions = sorted({(not b.whole_step, b.role, b.stage) for b in bars})
     data = []
-    for index, (role, stage) in enumerate(regions):
-        mine = [b for b in bars if (b.role, b.stage) == (role, stage)]
+    colors = 0
+    for regional, role, stage in regions:
+        mine = [b for b in bars if (not b.whole_step, b.role, b.stage) == (regional, role, stage)]
+        color = _COLORS[colors % len(_COLORS)] if regional else _WHOLE_STEP
+        colors += regional
         data.append(
             {
                 "type": "bar",
                 "orientation": "h",
-                "name": f"{role}/{stage}",
+                "name": f"{role}/{stage}" + ("" if regional else " (whole step)"),
                 "y": [row_label[(b.rank, b.pid if b.pid is not None else -1)] for b in mine],
                 "x": [round(b.wall_ms, 3) for b in mine],
                 "base": [round((b.start_ns - origin) / 1e6, 3) for b in mine],
-                "marker": {"color": _COLORS[index % len(_COLORS)]},
+                "marker": {"color": color},
+                # The duration goes in customdata: for a bar with a base, plotly's %{x} is
+                # where the bar ends, not how long it is.
                 "customdata": [
-                    [b.role, b.stage, b.step, _occ_text(b.occurrence), b.rank,
-                     os.path.basename(b.file)]
+                    [b.role, b.stage, b.step,
+                     _occ_text(b.occurrence) + (" (whole fused step)" if b.whole_step else ""),
+                     b.rank, os.path.basename(b.file), f"{b.wall_ms:.2f}"]
                     for b in mine
                 ],  # fmt: skip
                 "hovertemplate": "%{customdata[0]}/%{customdata[1]} step %{customdata[2]}"
                 "%{customdata[3]} rank %{customdata[4]}<br>%{customdata[5]}<br>"
-                "%{x:.2f} ms, from %{base:.2f} ms<extra></extra>",
+                "%{customdata[6]} ms, from %{base:.2f} ms<extra></extra>",
             }
         )
     start = dt.datetime.fromtimestamp(origin / 1e9, dt.timezone.utc)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Tu
 
 import attrs
 
+from .._label_wrap import wrap_label
 from .runs import OtherRun
 from .files import OpTime, TraceInfo, Unreadable
 
@@ -284,7 +285,8 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
         for group in summary.groups if ops_below else ():
             if group.top_ops:
                 heading = f"{group.label} step {group.step}, top ops (self ms):"
-                print_stripped(console, Text(heading))
+                # Folded after a "-", "/" or space, as the table folds it: never mid-word.
+                print_stripped(console, Text(wrap_label(heading, console.width)))
                 print_stripped(console, Text("\n".join(_ops_lines(group.top_ops))), no_wrap=True)
         caption = (
             f"straggler: over {summary.straggler_ratio:g}x its group's median and at least "
@@ -300,6 +302,7 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
 
 _GAP = 2  # characters between two columns
 _MIN_OPS_WIDTH = 16  # narrower than this, the operators go under the table
+_MIN_REGION_WIDTH = 12  # a folded region name keeps this many characters a line at least
 
 
 def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool]:
@@ -318,10 +321,16 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
         ("wall ms", [r[4] for r in rows]),
         ("x median", [r[5].plain for r in rows]),
     ]
-    used = sum(max(len(h), *(len(line) for c in col for line in c.split("\n"))) for h, col in cells)
-    used += _GAP * len(cells)
+    widths = [max(len(h), *(len(line) for c in col for line in c.split("\n"))) for h, col in cells]
+    used = sum(widths) + _GAP * len(cells)
     ops_width = width - used
     ops_column = ops_width >= _MIN_OPS_WIDTH and any(r[6] for r in rows)
+    # The numbers keep their width whatever the labels: a region name too long for what is
+    # left is folded after its "-" and "/" (never mid-word), and the operators go below.
+    region_width = widths[0]
+    if ops_width < 0:
+        region_width = max(_MIN_REGION_WIDTH, widths[0] + ops_width)
+        rows = [(wrap_label(r[0], region_width), *r[1:]) for r in rows]
     table = Table(
         title=Text(title) if title else None,
         title_justify="left",
@@ -330,14 +339,16 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
         show_edge=False,
         collapse_padding=True,
     )
-    # Labels and numbers never wrap: a region name is read and searched for whole.
-    table.add_column("region", no_wrap=True)
-    table.add_column("step", justify="right", no_wrap=True)
+    # Nothing wraps inside rich: a region name was folded above at its separators, and each
+    # number column is as wide as its widest value (min_width: rich shrinks no number).
+    table.add_column("region", no_wrap=True, max_width=region_width)
+    numbers = iter(widths[1:])
+    table.add_column("step", justify="right", no_wrap=True, min_width=next(numbers))
     if show_occ:
-        table.add_column("occ", justify="right", no_wrap=True)
-    table.add_column("rank", justify="right", no_wrap=True)
-    table.add_column("wall ms", justify="right", no_wrap=True)
-    table.add_column("x median", no_wrap=True)
+        table.add_column("occ", justify="right", no_wrap=True, min_width=next(numbers))
+    table.add_column("rank", justify="right", no_wrap=True, min_width=next(numbers))
+    table.add_column("wall ms", justify="right", no_wrap=True, min_width=next(numbers))
+    table.add_column("x median", no_wrap=True, min_width=next(numbers))
     if ops_column:
         # One operator a line, cut with an ellipsis rather than wrapped onto a line of its own.
         table.add_column(

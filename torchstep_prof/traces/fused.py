@@ -1,0 +1,118 @@
+"""The regions inside a fused trace: where each ran on the step's clock, and its top operators.
+
+A fused trace holds a whole step; each region of it is a ``<role>/<stage>`` range (see
+:func:`~torchstep_prof.traces.events.region_ranges`). Reading one keeps only what the report
+draws, so memory stays small whatever the trace: the outermost ranges of each track (at most
+:data:`MAX_SPANS` per trace, the longest) and each region's ``n`` top operators, ranked in the
+same pass over the events as the trace's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import attrs
+
+from .events import OpTime, RegionRange, outer_ranges, top_ops_by_region
+
+__all__ = ["MAX_SPANS", "FusedRegions", "RegionSpan", "RegionTopOps", "read_fused_regions"]
+
+MAX_SPANS = 200
+"""Region bars kept per fused trace: a region entered thousands of times in a step (a loop of
+micro-batches) keeps its longest entries, and the page stays responsive."""
+
+
+@attrs.frozen(kw_only=True)
+class RegionSpan:
+    """One entry of a region in a fused trace: ``offset_ms`` after the trace's owning block
+    starts, lasting ``wall_ms``; ``occurrence`` k is the region's k-th entry in the trace."""
+
+    role: str
+    stage: str
+    occurrence: int
+    offset_ms: float
+    wall_ms: float
+
+
+@attrs.frozen(kw_only=True)
+class RegionTopOps:
+    """A region's operators by self time within one fused trace (all its entries together)."""
+
+    role: str
+    stage: str
+    ops: Tuple[OpTime, ...]
+
+
+@attrs.frozen(kw_only=True)
+class FusedRegions:
+    """What :func:`read_fused_regions` found: the spans, each region's and the trace's top ops."""
+
+    spans: Tuple[RegionSpan, ...] = ()
+    region_ops: Tuple[RegionTopOps, ...] = ()
+    top_ops: Tuple[OpTime, ...] = ()
+
+
+def read_fused_regions(
+    trace: dict[str, Any],
+    ranges: Sequence[RegionRange],
+    start_us: Optional[float],
+    wall_ms: float,
+    top: int,
+    label: Callable[[Any], Optional[str]],
+) -> FusedRegions:
+    """The spans of ``ranges`` inside the owning block (``start_us``, ``wall_ms``) and, when
+    ``top`` > 0, the ``top`` operators of the trace and of each region. ``label`` sanitizes a
+    raw role or stage as file names write it (None: not a label, the range is skipped)."""
+    spans: list[RegionSpan] = []
+    if start_us is not None:
+        outer = outer_ranges(ranges, start_us, start_us + wall_ms * 1000.0)
+        if len(outer) > MAX_SPANS:
+            keep = set(map(id, sorted(outer, key=lambda r: -r.dur)[:MAX_SPANS]))
+            outer = [r for r in outer if id(r) in keep]
+        seen: dict[tuple[str, str], int] = {}
+        for r in outer:
+            names = _split(r.name, label)
+            if names is None:
+                continue
+            seen[names] = seen.get(names, 0) + 1
+            spans.append(
+                RegionSpan(
+                    role=names[0],
+                    stage=names[1],
+                    occurrence=seen[names],
+                    offset_ms=(r.ts - start_us) / 1000.0,
+                    wall_ms=r.dur / 1000.0,
+                )
+            )
+    if top <= 0:
+        return FusedRegions(spans=tuple(spans))
+    overall, by_name = top_ops_by_region(trace, top)
+    merged: dict[tuple[str, str], dict[str, float]] = {}
+    for name, ops in by_name.items():
+        names = _split(name, label)
+        if names is None:
+            continue
+        # Two raw labels may sanitize alike (compute_log_prob, compute-log-prob): one region.
+        totals = merged.setdefault(names, {})
+        for op in ops:
+            totals[op.name] = totals.get(op.name, 0.0) + op.self_ms
+    region_ops = tuple(
+        RegionTopOps(
+            role=role,
+            stage=stage,
+            ops=tuple(
+                OpTime(name=name, self_ms=ms)
+                for name, ms in sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:top]
+            ),
+        )
+        for (role, stage), totals in sorted(merged.items())
+    )
+    return FusedRegions(spans=tuple(spans), region_ops=region_ops, top_ops=overall)
+
+
+def _split(name: str, label: Callable[[Any], Optional[str]]) -> Optional[tuple[str, str]]:
+    role, _, stage = name.partition("/")
+    role_label, stage_label = label(role), label(stage)
+    if role_label is None or stage_label is None:
+        return None
+    return role_label, stage_label
