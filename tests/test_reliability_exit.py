@@ -150,3 +150,25 @@ def test_a_forked_child_never_ends_a_step_its_parent_began(tmp_path):
     name = parse_trace_name(path)
     assert (name.step, name.pid) == (1, int(result.stdout.split("parent")[1].split()[0]))
     assert "trainer/forward" in range_names(check_trace_file(path))
+
+
+def test_a_script_ended_by_ctrl_c_exits_as_python_does_after_profiling(tmp_path):
+    # CPython exits by SIGINT (the shell's 130) when the script ends on an unhandled
+    # KeyboardInterrupt; an import inside our at-exit summary used to make that exit 1.
+    code = """
+        import sys
+        import torch
+        import torchstep_prof as tsp
+
+        if sys.argv[1] == "profiled":
+            with tsp.schedule(steps=[1]), tsp.on_finish("true"):
+                with tsp.step(1), tsp.profile_region("actor", "update"):
+                    torch.ones(3).sum()
+        raise KeyboardInterrupt
+    """
+    plain = run_script(code, tmp_path, "plain")
+    profiled = run_script(code, tmp_path, "profiled")
+    assert plain.returncode == -2  # killed by SIGINT, as python does
+    assert profiled.returncode == plain.returncode, profiled.stderr
+    assert "KeyboardInterrupt" in profiled.stderr
+    assert len(trace_files(tmp_path / "outputs" / "profile")) == 1

@@ -291,3 +291,19 @@ def test_every_rank_profiles_under_torchrun(tmp_path):
         assert trace["torchstep_prof"]["step"] == 2
         assert names(path)["Optimizer.step#SGD.step"] == 1
     assert "hook rank 0" in done.stdout and "hook rank 1" in done.stdout
+
+
+def test_a_script_ended_by_ctrl_c_exits_by_sigint_as_under_python(tmp_path):
+    (tmp_path / "kbd.py").write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    model(torch.ones(2, 4)).sum().backward()\n"
+        "    opt.step()\n"
+        "raise KeyboardInterrupt\n"
+    )
+    plain, done = python_and_run(tmp_path, ["kbd.py"])
+    assert plain.returncode == -2  # python ends an unhandled KeyboardInterrupt by SIGINT
+    assert done.returncode == plain.returncode, done.stderr
+    assert list((tmp_path / "outputs" / "profile").glob("*step1*.json"))

@@ -363,6 +363,9 @@ class Engine:
                 warm.export_chrome_trace(os.path.join(scratch, "warm-up.json"))
         except Exception:  # the real start will report it
             pass
+        from .exit_summary import import_exit_modules
+
+        import_exit_modules()
         STORE.add_costs(warmup_s=time.perf_counter() - t0)
 
     # --- scopes and the finish hook ----------------------------------------------------------
