@@ -29,7 +29,7 @@ from ..selection import rank_selected
 from ..topology import Topology, current_topology
 
 if TYPE_CHECKING:
-    from .command import HookInterrupt
+    from .process import HookInterrupt
 
 __all__ = ["finish", "runs_hook", "wait_at_exit", "wait_for_hooks"]
 
@@ -77,7 +77,7 @@ def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Call
 
     A Ctrl-C while waiting (``wait=True``) stops the hook and reaches the caller: a command not
     started yet never starts (its scope can finish again), a running one is killed and recorded."""
-    from .command import HookInterrupt
+    from .process import HookInterrupt
 
     config = scope.config
     hook = config.finish_hook
@@ -182,7 +182,7 @@ def wait_at_exit() -> None:
         else:
             _wait_with_plain_lines()
     except KeyboardInterrupt:
-        from .command import kill_running_hooks
+        from .process import kill_running_hooks
 
         killed = kill_running_hooks()
         _print(f"torchstep_prof: interrupted; killed {killed} finish hook process group(s)")
