@@ -90,8 +90,8 @@ class _GroupView:
 def _view(group: GroupSummary) -> _GroupView:
     """The one place that knows summarize's group records.
 
-    A group without an ``occurrence`` is occurrence 1. A rank with several rows (several runs
-    in one folder) is represented by its slowest row, as the straggler test does.
+    A rank with several rows (several runs in one folder) is represented by its slowest row, as
+    the straggler test does.
     """
     rows: dict[int, Any] = {}
     for row in group.ranks:
@@ -101,7 +101,7 @@ def _view(group: GroupSummary) -> _GroupView:
         role=group.role,
         stage=group.stage,
         step=group.step,
-        occurrence=int(getattr(group, "occurrence", 1) or 1),
+        occurrence=group.occurrence,
         median_ms=group.median_ms,
         straggler=group.straggler,
         ranks=tuple(

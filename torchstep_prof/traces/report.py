@@ -116,7 +116,7 @@ def _bars(info: TraceInfo) -> list[TimelineBar]:
         role=info.role,
         stage=info.stage,
         step=info.step,
-        occurrence=occurrence_of(info),
+        occurrence=info.occurrence,
         rank=info.rank,
         pid=pid_of(info),
         file=info.path,
@@ -142,11 +142,6 @@ def _bars(info: TraceInfo) -> list[TimelineBar]:
 def _bar_order(bar: TimelineBar) -> tuple[int, int, int, bool, int]:
     # A fused trace's whole step first: drawn first, it lies under its regions.
     return (bar.step, bar.rank, bar.pid if bar.pid is not None else -1, not bar.whole_step, bar.start_ns)
-
-
-def occurrence_of(info: TraceInfo) -> int:
-    """A trace's occurrence (1 for readers that do not record one)."""
-    return int(getattr(info, "occurrence", 1) or 1)
 
 
 def pid_of(info: TraceInfo) -> Optional[int]:

@@ -147,7 +147,7 @@ def _findings(report: Report) -> str:
 
 
 def _group_title(group: GroupSummary) -> str:
-    occurrence = _occurrence(group)
+    occurrence = group.occurrence
     title = f"{group.role}/{group.stage} step {group.step}"
     return title + (f" #{occurrence}" if occurrence != 1 else "")
 
@@ -347,12 +347,8 @@ def _region_figure(region: Any) -> dict[str, Any]:
 # --- helpers -------------------------------------------------------------------------------
 
 
-def _occurrence(group: GroupSummary) -> int:
-    return int(getattr(group, "occurrence", 1) or 1)
-
-
 def _group_id(group: GroupSummary) -> str:
-    return _anchor(group.role, group.stage, group.step, _occurrence(group))
+    return _anchor(group.role, group.stage, group.step, group.occurrence)
 
 
 def _anchor(role: str, stage: str, step: int, occurrence: int) -> str:
