@@ -51,6 +51,26 @@ with tsp.configure(save_path=SAVE_PATH, summary=False):
                 with tsp.schedule(steps=[1]), tsp.step(n), tsp.profile_region("actor", "update"):
                     torch.ones(4).sum()
                 user.step()
+    elif CASE == "their-wait-phase":
+        # Theirs is in its wait phase (entered, nothing of Kineto yet) when ours would start; its
+        # step() inside our block then prepared Kineto under ours: our export crashed (rc 139).
+        with profile(activities=CPU, schedule=schedule(wait=1, warmup=1, active=2)) as user:
+            for n in range(5):
+                with tsp.schedule(steps=[0, 1, 2, 3, 4]), tsp.step(n), tsp.profile_region("actor", "update"):
+                    torch.ones(4).sum()
+                    user.step()
+    elif CASE == "theirs-warms-up-inside-ours":
+        # Theirs is entered inside our trace and steps into its warm-up before ours stops.
+        with tsp.schedule(steps=[1]), tsp.step(1), tsp.profile_region("actor", "update"):
+            user = profile(activities=CPU, schedule=schedule(wait=1, warmup=1, active=2))
+            user.__enter__()
+            torch.ones(4).sum()
+            user.step()
+            torch.ones(4).sum()
+        for _ in range(4):
+            torch.ones(4).sum()
+            user.step()
+        user.__exit__(None, None, None)
     elif CASE == "theirs-inside-ours":
         with tsp.schedule(steps=[1]), tsp.step(1), tsp.profile_region("actor", "update"):
             with profile(activities=CPU) as user:
