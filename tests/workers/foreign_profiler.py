@@ -71,6 +71,20 @@ with tsp.configure(save_path=SAVE_PATH, summary=False):
             torch.ones(4).sum()
             user.step()
         user.__exit__(None, None, None)
+    elif CASE == "theirs-between-ours":
+        # Theirs starts and stops once between two of our written traces (no __exit__, so torch's
+        # step tracker stays registered): our finished profiles, alive in reference cycles with
+        # their results released, were taken for a profiler in its warm-up; steps 3-4 were lost.
+        with tsp.schedule(steps=[1, 2, 3, 4]):
+            for n in range(1, 5):
+                with tsp.step(n), tsp.profile_region("actor", "update"):
+                    torch.ones(3).sum()
+                tsp.flush()
+                if n == 2:
+                    user = profile(activities=CPU)
+                    user.start()
+                    torch.ones(3).sum()
+                    user.stop()
     elif CASE == "theirs-inside-ours":
         with tsp.schedule(steps=[1]), tsp.step(1), tsp.profile_region("actor", "update"):
             with profile(activities=CPU) as user:
