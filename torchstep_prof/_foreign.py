@@ -14,7 +14,8 @@ does keep process-wide, in Python, without our wrapping anything:
 Another profiler is counted as running in any phase between its start and its stop: an
 entered scheduled ``torch.profiler.profile`` in its wait phase (it holds its open
 ``ProfilerStep#<n>`` range; nothing of Kineto yet, but its next ``step()`` prepares Kineto under
-ours), or a ``torch.autograd.profiler.profile`` prepared and not yet stopped (a warm-up).
+ours), or a ``torch.autograd.profiler.profile`` prepared and not yet stopped (a warm-up; with
+``acc_events=True`` torch prepares the same one again after a stop, which is not told apart).
 Finding one means walking the garbage collector's objects (~15-130 ms), so that walk runs only
 while a ``torch.profiler.profile`` is registered with the step tracker, and not again while
 nothing it could find has changed: the tracker, and the number of references to the profile
@@ -139,7 +140,9 @@ def _other_profile_entered(*, prepared_only: bool = False) -> Optional[str]:
     # Instances of a Python class refer to it: the collector finds them without a registry.
     for obj in gc.get_referrers(*kinds):
         if isinstance(obj, inner):
-            if getattr(obj, "entered", False) and getattr(obj, "kineto_results", 1) is None and obj not in _own:
+            # Prepared (or started) and not stopped: torch sets the end time at its stop. Not
+            # "no results": whoever is done with a profile may drop them (our writer does).
+            if getattr(obj, "entered", False) and getattr(obj, "profiling_end_time_ns", 1) == 0 and obj not in _own:
                 return "another torch profiler is in its warm-up in this process"
         elif isinstance(obj, outer) and not prepared_only:
             # Entered, not stopped: a scheduled profile holds its open ProfilerStep range.
