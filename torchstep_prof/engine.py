@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 
-from ._foreign import foreign_profiler, new_own_profile
+from ._foreign import foreign_profiler, new_own_profile, settle_own_profile
 from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, TraceWriteWarning, warn
 from .traces.names import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
@@ -354,12 +354,20 @@ class Engine:
         try:
             with tempfile.TemporaryDirectory(prefix="torchstep_prof-warmup-") as scratch:
                 warm = new_own_profile(**profiler_kwargs(contents))
-                warm.start()
+                try:
+                    warm.start()
+                except BaseException:  # a Ctrl-C inside torch's start: none of it may stay on
+                    settle_own_profile(warm, stopping=False)
+                    raise
                 try:
                     with torch.profiler.record_function("ProfilerStep#0"), new_range("torchstep_prof/warm-up"):
                         torch.zeros(2).add_(1)
                 finally:
-                    warm.stop()
+                    try:
+                        warm.stop()
+                    except BaseException:  # or its stop: the next start must find Kineto off
+                        settle_own_profile(warm, stopping=True)
+                        raise
                 warm.export_chrome_trace(os.path.join(scratch, "warm-up.json"))
         except Exception:  # the real start will report it
             pass
