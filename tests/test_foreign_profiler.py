@@ -27,11 +27,12 @@ CASES = {
     "theirs-inside-ours": "another torch profiler started and stopped inside it",
     "their-wait-phase": "another torch profiler is entered in this process (its schedule's wait phase)",
     "theirs-warms-up-inside-ours": "another torch profiler is in its warm-up in this process and took over",
+    "theirs-spans-our-end": "another torch profiler is recording in this process and took over",
 }
 # Theirs runs only between ours: no warning, every trace of ours written (case: its steps).
 CLEAN_CASES = {"theirs-between-ours": [1, 2, 3, 4]}
 # The cases that crashed only most of the time (rc 139 in our export) run several times.
-REPEATS = {"their-wait-phase": 4, "theirs-warms-up-inside-ours": 4}
+REPEATS = {"their-wait-phase": 4, "theirs-warms-up-inside-ours": 4, "theirs-spans-our-end": 4}
 RUNS = [(case, n) for case in CASES for n in range(REPEATS.get(case, 1))]
 ALL_RUNS = RUNS + [(case, 0) for case in CLEAN_CASES]
 

@@ -53,6 +53,8 @@ __all__ = [
 
 _STEP_KEY = "ProfilerStep"  # torch.profiler.profiler.PROFILER_STEP_NAME
 _lock = threading.Lock()
+_RECORDING = "another torch profiler is recording in this process"
+_WARMING_UP = "another torch profiler is in its warm-up in this process"
 _clean_at: Optional[tuple[Any, ...]] = None  # profiles_state() when a walk found none of theirs
 # Every profile of ours, outer (torch.profiler.profile) and inner (torch.autograd.profiler.profile).
 _own: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -71,7 +73,7 @@ def foreign_profiler() -> Optional[str]:
     """
     global _clean_at
     if kineto_recording():
-        return "another torch profiler is recording in this process"
+        return _RECORDING
     if not _tracker_registered():
         return None
     state = profiles_state()
@@ -85,14 +87,17 @@ def foreign_profiler() -> Optional[str]:
     return reason
 
 
-def disturbed_since(state: tuple[Any, ...]) -> Optional[str]:
-    """Why Kineto may no longer be ours, or None; call it while one of ours records, with the
-    :func:`profiles_state` of its start. Someone else's profiler prepared (a scheduled profile's
-    ``step()`` into its warm-up) or started meanwhile took over Kineto's session: exporting ours
-    then crashes (rc 139 in ``export_chrome_trace``)."""
+def disturbed_since(state: tuple[Any, ...]) -> Optional[tuple[str, bool]]:
+    """Why Kineto may no longer be ours, and whether theirs records now; None if it is ours.
+    Call it while one of ours records, with the :func:`profiles_state` of its start. Someone
+    else's profiler prepared (a scheduled profile's ``step()`` into its warm-up) or started
+    meanwhile took over Kineto's session: exporting ours then crashes (rc 139 in
+    ``export_chrome_trace``), and stopping ours while theirs records ends theirs (its export
+    crashes)."""
     if profiles_state() == state:
         return None
-    return _other_profile_entered(prepared_only=True)
+    reason = _other_profile_entered(prepared_only=True)
+    return None if reason is None else (reason, reason == _RECORDING)
 
 
 def _tracker_registered() -> bool:
@@ -143,7 +148,7 @@ def _other_profile_entered(*, prepared_only: bool = False) -> Optional[str]:
             # Prepared (or started) and not stopped: torch sets the end time at its stop. Not
             # "no results": whoever is done with a profile may drop them (our writer does).
             if getattr(obj, "entered", False) and getattr(obj, "profiling_end_time_ns", 1) == 0 and obj not in _own:
-                return "another torch profiler is in its warm-up in this process"
+                return _RECORDING if getattr(obj, "profiling_start_time_ns", 0) else _WARMING_UP
         elif isinstance(obj, outer) and not prepared_only:
             # Entered, not stopped: a scheduled profile holds its open ProfilerStep range.
             if getattr(obj, "step_rec_fn", None) is not None and obj not in _own:

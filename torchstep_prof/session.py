@@ -244,14 +244,17 @@ class TraceSession:
         disturbed = disturbed_since(self._profiles_at_start) if prof is not None else None
         if disturbed is not None:
             # Theirs prepared or started Kineto under ours (a scheduled profile's step() into its
-            # warm-up): our session is no longer Kineto's, and exporting it crashes (rc 139).
-            # Stop it (this thread's state would block their start) and never export it.
-            self.lost = f"{disturbed} and took over its recording"
+            # warm-up, one opened inside ours): our session is no longer Kineto's, and exporting
+            # it crashes (rc 139). Never export it; stop it only if theirs does not record yet
+            # (stopping either ends both: their export would crash instead).
+            reason, theirs_records = disturbed
+            self.lost = f"{reason} and took over its recording"
             try:
                 with contextlib.suppress(Exception):
                     self._ranges.close()
-                with contextlib.suppress(Exception):
-                    prof.stop()
+                if not theirs_records:
+                    with contextlib.suppress(Exception):
+                        prof.stop()
             finally:
                 self.stop_s = time.perf_counter() - t0
             return

@@ -91,6 +91,18 @@ with tsp.configure(save_path=SAVE_PATH, summary=False):
                     spent.start()
                     spent.stop()
                     spent.profiler.kineto_results = None
+    elif CASE == "theirs-spans-our-end":
+        # Theirs is opened inside our trace and still records when ours ends: stopping ours ended
+        # theirs too, whose export then crashed (rc 139).
+        with tsp.schedule(steps=[1]), tsp.step(1):
+            region = tsp.profile_region("actor", "update")
+            region.__enter__()
+            user = profile(activities=CPU)
+            user.__enter__()
+            torch.ones(4).sum()
+            region.__exit__(None, None, None)
+            torch.ones(4).sum()
+            user.__exit__(None, None, None)
     elif CASE == "theirs-inside-ours":
         with tsp.schedule(steps=[1]), tsp.step(1), tsp.profile_region("actor", "update"):
             with profile(activities=CPU) as user:
