@@ -90,6 +90,8 @@ def run(quick: bool = False) -> Report:
             calibration: list[int] = []
             ours(2000, calibration)()
             ours(2000, calibration)()
+            if not calibration or calibration[-1] <= 0:
+                raise SystemExit("bench_trace_end: FAIL: the calibration trace is empty or missing")
             bytes_per_op = calibration[-1] / 2000
             for mb in SIZES_MB:
                 n = max(100, int(mb * 1e6 / bytes_per_op))
@@ -98,7 +100,15 @@ def run(quick: bool = False) -> Report:
                 samples = interleave({"torch": torch_stop(n), "tsp": ours(n, sizes)}, rounds, warmup=1)
                 report.add(stat(f"{mb} MB: torch stop()", samples["torch"], note=f"{n} ops, reference"))
                 report.add(stat(f"{mb} MB: tsp trace end", samples["tsp"], note="region exit"))
-                report.add(stat(f"{mb} MB: trace file", [float(s) for s in sizes[-rounds:]], unit="B"))
+                written = sizes[-rounds:]
+                if len(written) < rounds or min(written) < mb * 1e6 / 4:
+                    # An empty or missing trace means our samples ran unprofiled (the region took
+                    # something for another profiler): their times measure nothing.
+                    raise SystemExit(
+                        f"bench_trace_end: FAIL: the {mb} MB samples wrote traces of {written} bytes; "
+                        "torchstep_prof did not profile them"
+                    )
+                report.add(stat(f"{mb} MB: trace file", [float(s) for s in written], unit="B"))
                 report.targets.append(
                     ratio_target(
                         f"trace_end_vs_torch_stop_{mb}MB",

@@ -449,6 +449,40 @@ def test_a_keyboard_interrupt_inside_torchs_stop_leaves_profiling_usable(save_di
         assert len(warned) == 1 and "interrupted by Ctrl-C" in str(warned[0].message)
 
 
+_WARM_UP_INTERRUPTS = {
+    "start-after-prepare": ("_prepare_profiler", True),
+    "start-after-enable": ("_enable_profiler", True),
+    "stop-before-disable": ("_disable_profiler", False),
+    "stop-after-disable": ("_disable_profiler", True),
+    "stop-before-flag-reset": ("_run_on_profiler_stop", False),
+}
+
+
+@pytest.mark.parametrize("where", list(_WARM_UP_INTERRUPTS))
+def test_a_keyboard_interrupt_inside_the_one_time_warm_up_leaves_profiling_usable(save_dir, monkeypatch, caught_warnings, where):
+    """The engine's warm-up profiler (started by the first scope or step, before any trace of
+    ours) settles as a trace's does: no profiler of ours stays on, none is taken for someone
+    else's, and the next selected step is written."""
+    from torch.autograd import profiler as autograd_profiler
+
+    from torchstep_prof.engine import ENGINE
+
+    monkeypatch.setattr(ENGINE, "warmed", False)
+    name, after = _WARM_UP_INTERRUPTS[where]
+    arm = interrupt_torch_once(monkeypatch, name, after=after)
+    arm()
+    with pytest.raises(KeyboardInterrupt):
+        with tsp.schedule(steps=[1, 2]):  # the scope's warm-up: the Ctrl-C lands in it
+            pass
+    assert not autograd_profiler._is_profiler_enabled and not torch.autograd._profiler_enabled()
+    with tsp.schedule(steps=[1, 2]):
+        for step in (1, 2):
+            with tsp.step(step), tsp.profile_region("actor", "update"):
+                work()
+    assert of_category(caught_warnings, ForeignProfilerWarning) == []
+    assert [parse_trace_name(p).step for p in trace_files(save_dir)] == [1, 2]
+
+
 @pytest.mark.parametrize(
     "name, after",
     [("_prepare_profiler", True), ("_enable_profiler", False), ("_enable_profiler", True)],

@@ -61,6 +61,47 @@ def test_a_generator_suspended_inside_a_region_writes_its_trace_at_exit(tmp_path
     assert "stayed open after its step" in result.stdout and path.name in result.stdout.replace("\n", "")
 
 
+A_DAEMON_THREAD_INSIDE_A_REGION = """
+    import sys
+    import threading
+    import time
+    import torch
+    import torchstep_prof as tsp
+
+    inside = threading.Event()
+
+    def worker():
+        with tsp.schedule(steps=[1]), tsp.step(1), tsp.profile_region("rollout", "gen"):
+            torch.ones(3).sum()
+            inside.set()
+            time.sleep(1000)                               # still recording when the script ends
+
+    with tsp.configure(save_path="profile"):
+        threading.Thread(target=worker, name="rollout-worker", daemon=True).start()
+        inside.wait()
+    print("script done", flush=True)
+    sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("run", range(3))
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_trace_recording_in_another_thread_at_exit_is_reported_lost(tmp_path, code, run):
+    """torch can stop a profiler only in the thread that started it (stopped from the exit
+    thread, its session is not found and the export crashes): the trace owned by a daemon thread
+    still inside its region is not written, but said so, in a warning and the summary."""
+    result = run_script(A_DAEMON_THREAD_INSIDE_A_REGION, tmp_path, str(code))
+    assert result.returncode == code, result.stderr
+    assert "script done" in result.stdout
+    assert_quiet_exit(result)
+    assert trace_files(tmp_path / "profile") == []
+    lost = "not written: still recording in thread 'rollout-worker' at interpreter exit"
+    assert result.stderr.count("TraceWriteWarning") == 1 and lost in result.stderr, result.stderr
+    summary = result.stdout.replace("\n", "")
+    assert "NOT WRITTEN" in summary
+    assert "rollout/gen step 1: still recording in thread 'rollout-worker'" in summary, result.stdout
+
+
 SUSPENDED_IN_A_FUSED_STEP = """
     import sys
     import torch

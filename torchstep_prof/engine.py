@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 
-from ._foreign import foreign_profiler, new_own_profile
+from ._foreign import foreign_profiler, new_own_profile, settle_own_profile
 from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, TraceWriteWarning, warn
 from .traces.names import range_label, sanitize_label
 from .record_store import STORE, TraceRecord
@@ -354,12 +354,20 @@ class Engine:
         try:
             with tempfile.TemporaryDirectory(prefix="torchstep_prof-warmup-") as scratch:
                 warm = new_own_profile(**profiler_kwargs(contents))
-                warm.start()
+                try:
+                    warm.start()
+                except BaseException:  # a Ctrl-C inside torch's start: none of it may stay on
+                    settle_own_profile(warm, stopping=False)
+                    raise
                 try:
                     with torch.profiler.record_function("ProfilerStep#0"), new_range("torchstep_prof/warm-up"):
                         torch.zeros(2).add_(1)
                 finally:
-                    warm.stop()
+                    try:
+                        warm.stop()
+                    except BaseException:  # or its stop: the next start must find Kineto off
+                        settle_own_profile(warm, stopping=True)
+                        raise
                 warm.export_chrome_trace(os.path.join(scratch, "warm-up.json"))
         except Exception:  # the real start will report it
             pass
@@ -436,11 +444,30 @@ class Engine:
             owner = self._owner
             if owner is not None and owner.session.owner_thread == threading.get_ident():
                 owner.__exit__(None, None, None)
+            elif owner is not None:
+                self._lose_at_exit(owner)
             frame = frame_if_read()
             if frame is not None:
                 self._report_missed(frame)
         except Exception as exc:  # the exit code and the rest of the exit work come first
             self._warn_once("exit", f"torchstep_prof: ending open blocks at exit failed: {exc!r}", TorchstepProfWarning)
+
+    def _lose_at_exit(self, owner: _OwnedTrace) -> None:
+        """A trace still recording at exit in another thread (a daemon thread inside a region):
+        torch stops a profiler only in the thread that started it (from here its session is not
+        found, and the export crashes), so it is lost: said once, and a row of the summary."""
+        with self.lock:
+            if owner._done:
+                return
+            owner._done = True  # a late exit of its block in that thread must not stop it now
+        session = owner.session
+        thread = next((t.name for t in threading.enumerate() if t.ident == session.owner_thread), None)
+        where = f"thread {thread!r}" if thread is not None else f"thread {session.owner_thread}"
+        reason = f"still recording in {where} at interpreter exit (torch can only stop it in that thread)"
+        label = f"{session.owner_role}/{session.owner_stage}" if not session.fused else "fused trace"
+        warn(f"torchstep_prof: {label} trace of step {session.step} not written: {reason}", TraceWriteWarning, stacklevel=2)
+        if session.action is StepAction.RECORD:
+            _record_unwritten(session, reason)
 
     def at_exit(self) -> None:
         if self.forked:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ._foreign import kineto_recording, new_own_profile, settle_own_profile
+from ._foreign import disturbed_since, kineto_recording, mark_own, new_own_profile, profiles_state, settle_own_profile
 from ._spans import SpanLog, ThreadSpan, running_task
 from .config.model import ProfilerConfig
 from .errors import TorchstepProfWarning, warn
@@ -139,6 +139,7 @@ class TraceSession:
         self.start_s = 0.0
         self.stop_s = 0.0
         self._profile: Optional[profile] = None
+        self._profiles_at_start: tuple[Any, ...] = ()  # _foreign.profiles_state() once started
         self.lost: Optional[str] = None  # why the trace cannot be written (another profiler)
         # Why torch's stop left nothing to export (the writer records it as the trace's failure).
         self.no_output: Optional[str] = None
@@ -208,6 +209,7 @@ class TraceSession:
         except BaseException:  # a Ctrl-C inside torch's start: none of it may stay on
             settle_own_profile(prof, stopping=False)
             raise
+        mark_own(prof)
         self._profile = prof
         try:
             # The row torch's own schedule writes per step: HTA and others find iterations by it.
@@ -220,6 +222,7 @@ class TraceSession:
             prof.stop()
             self._profile = None
             raise
+        self._profiles_at_start = profiles_state()
         now = time.perf_counter()
         self.start_s = now - t0
         self._t0 = now
@@ -237,6 +240,23 @@ class TraceSession:
             with contextlib.suppress(Exception):
                 self._ranges.close()  # ending a range after Kineto stopped is harmless
             self.stop_s = time.perf_counter() - t0
+            return
+        disturbed = disturbed_since(self._profiles_at_start) if prof is not None else None
+        if disturbed is not None:
+            # Theirs prepared or started Kineto under ours (a scheduled profile's step() into its
+            # warm-up, one opened inside ours): our session is no longer Kineto's, and exporting
+            # it crashes (rc 139). Never export it; stop it only if theirs does not record yet
+            # (stopping either ends both: their export would crash instead).
+            reason, theirs_records = disturbed
+            self.lost = f"{reason} and took over its recording"
+            try:
+                with contextlib.suppress(Exception):
+                    self._ranges.close()
+                if not theirs_records:
+                    with contextlib.suppress(Exception):
+                        prof.stop()
+            finally:
+                self.stop_s = time.perf_counter() - t0
             return
         try:
             self._ranges.close()
