@@ -103,17 +103,18 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
     # and a few attributes. Inside a running trace: the range object itself, entered by the
     # caller's `with` (torch's C methods, no Python frame of ours around it).
     frame = _STACK.get(_ROOT)
+    if frame is _NESTED.frame and _NESTED.thread == _get_ident() and _get_running_loop() is None:
+        # The common case inside a trace, in as few steps as possible: a region nested in a
+        # discrete trace, in the owner's thread, under its scopes and step (nothing to count).
+        # Not in an asyncio task (an event loop started inside the owner's region): tasks
+        # interleave, so their regions are spans, never ranges on the owner's range stack.
+        # (No trace: _NESTED.frame is None, and this costs one comparison.)
+        try:
+            return new_range(_RANGE_NAMES[role][stage])
+        except KeyError:
+            pass
     session = ENGINE.session
     if session is not None:
-        if frame is _NESTED.frame and _NESTED.thread == _get_ident() and _get_running_loop() is None:
-            # The common case inside a trace, in as few steps as possible: a region nested in a
-            # discrete trace, in the owner's thread, under its scopes and step (nothing to count).
-            # Not in an asyncio task (an event loop started inside the owner's region): tasks
-            # interleave, so their regions are spans, never ranges on the owner's range stack.
-            try:
-                return new_range(_RANGE_NAMES[role][stage])
-            except KeyError:
-                pass
         # Any thread or task: while a trace records, a region is a range in it.
         if frame.disabled:
             return _IDLE_REGION
