@@ -4,7 +4,9 @@ Exactly one profiler runs per process, owned by the outermost profiled block (a 
 discrete mode, a ``step`` block in fused mode). Everything entered while it records, in any
 thread or asyncio task, becomes a range in that trace. The engine is process-wide by nature
 (torch's profiler is), so its state sits on one object guarded by a lock; the scope stacks
-themselves live in context variables (:mod:`torchstep_prof.scopes`).
+themselves live in context variables (:mod:`torchstep_prof.frames`). What interpreter exit and a
+fork do to it is :mod:`torchstep_prof.process_exit`; the profiler's one-time warm-up is
+:mod:`torchstep_prof.warm_up`.
 """
 
 from __future__ import annotations
@@ -12,24 +14,25 @@ from __future__ import annotations
 import atexit
 import contextlib
 import contextvars
+import functools
 import itertools
 import os
-import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 
-from ._foreign import foreign_profiler, new_own_profile, settle_own_profile
-from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, TraceWriteWarning, warn
-from .traces.names import range_label, sanitize_label
+from ._foreign import foreign_profiler
+from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
+from .range_names import range_name
 from .record_store import STORE, TraceRecord
-from . import open_blocks
-from .frames import Frame, HookScope, env_hook_scope, frame_if_read, when_env_sets_a_hook
+from . import open_blocks, process_exit
+from .frames import Frame, HookScope, when_env_sets_a_hook
 from .selection import StepAction, last_selected_step
-from .session import NESTED_FAST_PATH, TraceSession, entered, new_range, profiler_kwargs
+from .session import NESTED_FAST_PATH, TraceSession, entered, new_range
 from .topology import current_topology
+from .warm_up import warm_up_profiler
 
 if TYPE_CHECKING:
     from .writing.writer import TraceWriter
@@ -39,22 +42,6 @@ __all__ = ["CURRENT_STEP", "ENGINE", "ForeignProfilerWarning", "ProfilerStartWar
 
 # The innermost ``step(n)`` block of this thread / task (an object with a ``number``).
 CURRENT_STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("torchstep_prof_step")
-
-# role -> stage -> range name (two lookups of interned strings beat building a tuple key)
-_RANGE_NAMES: dict[str, dict[str, str]] = {}
-
-
-def range_name(role: str, stage: str) -> str:
-    """``<role>/<stage>`` made safe for torch's unescaped JSON (cached: regions repeat)."""
-    names = _RANGE_NAMES.get(role)
-    name = names.get(stage) if names is not None else None
-    if name is None:
-        # First sight of this pair under a schedule: a label that cannot name a file fails
-        # now, not hours later on the step that is profiled.
-        sanitize_label(role, "role"), sanitize_label(stage, "stage")
-        name = _RANGE_NAMES.setdefault(role, {})[stage] = range_label(f"{role}/{stage}")
-    return name
-
 
 class _OwnedTrace:
     """Returned to the block that owns a trace; its ``__exit__`` stops and writes it, once
@@ -86,7 +73,7 @@ class Engine:
         self._owner: Optional[_OwnedTrace] = None  # what stops it (interpreter exit may have to)
         # A thread is starting or stopping torch's profiler (under self.lock): Kineto crashes
         # when one thread starts a profiler while another stops one. (Exporting a stopped one
-        # on the writer thread meanwhile is safe: see export.py.)
+        # on the writer thread meanwhile is safe: see writing/writer.py.)
         self._busy = False
         self._stopping = False  # a thread is stopping and writing the last trace
         self._writer: Optional[TraceWriter] = None  # made with the first trace: see writer
@@ -237,7 +224,7 @@ class Engine:
                 ProfilerStartWarning,
                 stacklevel=4,
             )
-            _record_unwritten(session, f"profiler failed to start: {exc!r}")
+            session.record_unwritten(f"profiler failed to start: {exc!r}")
             return None
         owner = _OwnedTrace(self, session)
         if role is not None:
@@ -270,7 +257,7 @@ class Engine:
                 session.stop()
             finally:
                 STORE.add_costs(start_s=session.start_s, stop_s=session.stop_s)
-                self._set_idle()  # the export runs beside the next profiler: see export.py
+                self._set_idle()  # the export runs beside the next profiler: see writing/writer.py
                 if session.lost is not None:
                     self._record_lost(session)
                 elif session.action is StepAction.RECORD:
@@ -293,7 +280,7 @@ class Engine:
             if hook_scope is not None and record.path is not None:
                 hook_scope.add_trace(record.path, roles)
             if session.left_open:
-                _report_left_open(session, record)
+                session.report_left_open(record)
 
         self.writer.write(session, on_written)
 
@@ -307,7 +294,7 @@ class Engine:
     def _record_lost(self, session: TraceSession) -> None:
         warn(f"torchstep_prof: trace of step {session.step} not written: {session.lost}", ForeignProfilerWarning, stacklevel=4)
         if session.action is StepAction.RECORD:
-            _record_unwritten(session, session.lost)
+            session.record_unwritten(session.lost)
 
     def _foreign_profiler_running(self) -> bool:
         """Someone else's profiler records or warms up somewhere in the process (the caller
@@ -351,26 +338,7 @@ class Engine:
             return
         self.warmed = True
         t0 = time.perf_counter()
-        try:
-            with tempfile.TemporaryDirectory(prefix="torchstep_prof-warmup-") as scratch:
-                warm = new_own_profile(**profiler_kwargs(contents))
-                try:
-                    warm.start()
-                except BaseException:  # a Ctrl-C inside torch's start: none of it may stay on
-                    settle_own_profile(warm, stopping=False)
-                    raise
-                try:
-                    with torch.profiler.record_function("ProfilerStep#0"), new_range("torchstep_prof/warm-up"):
-                        torch.zeros(2).add_(1)
-                finally:
-                    try:
-                        warm.stop()
-                    except BaseException:  # or its stop: the next start must find Kineto off
-                        settle_own_profile(warm, stopping=True)
-                        raise
-                warm.export_chrome_trace(os.path.join(scratch, "warm-up.json"))
-        except Exception:  # the real start will report it
-            pass
+        warm_up_profiler(contents)
         from .exit_summary import import_exit_modules
 
         import_exit_modules()
@@ -435,102 +403,16 @@ class Engine:
             for scope, where in finished:
                 finish(scope, where, self.writer.flush)
 
-    def close_open_blocks(self) -> None:
-        """Interpreter exit: end the steps begun and never ended, stop a trace still recording in
-        this thread (a generator left suspended inside a region), and note the missed steps of
-        a schedule still in force (the environment's, or a scope never exited)."""
-        try:
-            open_blocks.end_all()
-            owner = self._owner
-            if owner is not None and owner.session.owner_thread == threading.get_ident():
-                owner.__exit__(None, None, None)
-            elif owner is not None:
-                self._lose_at_exit(owner)
-            frame = frame_if_read()
-            if frame is not None:
-                self._report_missed(frame)
-        except Exception as exc:  # the exit code and the rest of the exit work come first
-            self._warn_once("exit", f"torchstep_prof: ending open blocks at exit failed: {exc!r}", TorchstepProfWarning)
-
-    def _lose_at_exit(self, owner: _OwnedTrace) -> None:
-        """A trace still recording at exit in another thread (a daemon thread inside a region):
-        torch stops a profiler only in the thread that started it (from here its session is not
-        found, and the export crashes), so it is lost: said once, and a row of the summary."""
-        with self.lock:
-            if owner._done:
-                return
-            owner._done = True  # a late exit of its block in that thread must not stop it now
-        session = owner.session
-        thread = next((t.name for t in threading.enumerate() if t.ident == session.owner_thread), None)
-        where = f"thread {thread!r}" if thread is not None else f"thread {session.owner_thread}"
-        reason = f"still recording in {where} at interpreter exit (torch can only stop it in that thread)"
-        label = f"{session.owner_role}/{session.owner_stage}" if not session.fused else "fused trace"
-        warn(f"torchstep_prof: {label} trace of step {session.step} not written: {reason}", TraceWriteWarning, stacklevel=2)
-        if session.action is StepAction.RECORD:
-            _record_unwritten(session, reason)
-
-    def at_exit(self) -> None:
-        if self.forked:
-            return
-        try:
-            self.close_open_blocks()
-            self._flush_at_exit()
-            scope = env_hook_scope()
-            if scope is not None:
-                self.finish(scope)
-            with self.lock:
-                deferred, self._deferred_finishes = self._deferred_finishes, []
-            self._start_hooks(deferred)  # a trace still open at exit: its hooks run now
-            from .hook.finishing import wait_at_exit
-
-            wait_at_exit()
-        finally:
-            from .exit_summary import print_summary_at_exit
-
-            print_summary_at_exit(self.summary_wanted)
-
-    def _flush_at_exit(self) -> None:
-        try:
-            if self._writer is not None:
-                self._writer.flush(count=False)
-        except KeyboardInterrupt:
-            # Ctrl-C while the last traces are written: the exit work still waits for them (the
-            # summary's records()); a second Ctrl-C there exits without them (exit_summary.py).
-            warn(
-                "torchstep_prof: interrupted at exit while traces were still being written; still "
-                "waiting for them (Ctrl-C again exits without the traces not yet on disk)",
-                TraceWriteWarning,
-                stacklevel=2,
-            )
-
     def ensure_atexit(self) -> None:
         """Register the at-exit work (pending files, the environment's hook, the summary) once."""
         if not self._atexit_registered:
             self._atexit_registered = True
-            atexit.register(self.at_exit)
+            atexit.register(functools.partial(process_exit.at_exit, self))
 
     def _warn_once(self, key: str, message: str, category: type[Warning]) -> None:
         if key not in self._warned:
             self._warned.add(key)
             warn(message, category, stacklevel=4)
-
-    def after_fork_in_child(self) -> None:
-        # A DataLoader worker inherits the parent's state, maybe a running profiler: it must
-        # write nothing, run no hook and print no summary.
-        if self.warmed or self.session is not None:  # Kineto ran here: its exit would hang
-            from ._fork import exit_without_destructors
-
-            exit_without_destructors()
-        self.forked = True
-        self.session = self._owner = None
-        NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None
-        self._busy = self._stopping = False
-        self._deferred_finishes = []
-        self.lock = threading.Lock()
-        self._idle = threading.Condition(self.lock)
-        if self._writer is not None:
-            self._writer.forget_after_fork()
-
 
 @contextlib.contextmanager
 def _rearmed_on_interrupt(finished: list[tuple[HookScope, Any]]) -> Iterator[None]:
@@ -547,35 +429,7 @@ def _rearmed_on_interrupt(finished: list[tuple[HookScope, Any]]) -> Iterator[Non
         raise
 
 
-def _report_left_open(session: TraceSession, record: TraceRecord) -> None:
-    where = record.path if record.path is not None else f"a trace not written ({record.error})"
-    later = f"; step(s) {', '.join(map(str, session.later_steps))} ran inside it" if session.later_steps else ""
-    STORE.add_attention(
-        f"left-open:{id(session)}",
-        f"region {record.role}/{record.stage} of step {session.step} stayed open after its step "
-        f"ended (a suspended generator?){later}: what ran meanwhile landed in its trace {where}",
-    )
-
-
-def _record_unwritten(session: TraceSession, error: str) -> None:
-    """A trace ``session`` owned that has no file (the profiler failed to start, or another
-    profiler ended it): a row of the summary, labelled as its file would have been."""
-    STORE.add_trace(
-        TraceRecord(
-            role=session.file_role,
-            stage=session.file_stage,
-            step=session.step,
-            rank=session.topology.rank,
-            world_size=session.topology.world_size,
-            discrete=not session.fused,
-            path=None,
-            occurrence=session.occurrence,
-            error=error,
-        )
-    )
-
-
 ENGINE = Engine()
 when_env_sets_a_hook(ENGINE.ensure_atexit)
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=ENGINE.after_fork_in_child)
+    os.register_at_fork(after_in_child=functools.partial(process_exit.after_fork_in_child, ENGINE))

@@ -18,7 +18,9 @@ from typing import Any, Callable, Optional, TypeVar
 
 from . import open_blocks as _open_blocks
 from ._wrapping import around_each_call
-from .engine import _RANGE_NAMES, CURRENT_STEP, ENGINE, range_name
+from .engine import CURRENT_STEP, ENGINE
+from .range_names import RANGE_NAMES as _RANGE_NAMES
+from .range_names import range_name
 from .session import NESTED_FAST_PATH as _NESTED
 from .session import new_range
 from .topology import group_registry

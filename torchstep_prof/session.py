@@ -22,6 +22,7 @@ from ._foreign import disturbed_since, kineto_recording, mark_own, new_own_profi
 from ._spans import SpanLog, ThreadSpan, running_task
 from .config.model import ProfilerConfig
 from .errors import TorchstepProfWarning, warn
+from .record_store import STORE, TraceRecord
 from .traces.names import fit_label, range_label, sanitize_label
 from .selection import StepAction
 from .topology import Topology, distributed_initialized
@@ -197,6 +198,35 @@ class TraceSession:
                 FUSED_DEFAULT_ROLE,
             )
         return (self.file_role,)
+
+    def record_unwritten(self, error: str) -> None:
+        """This trace has no file (the profiler failed to start, another profiler ended it, it
+        was still recording in another thread at exit): a row of the summary, labelled as its
+        file would have been."""
+        STORE.add_trace(
+            TraceRecord(
+                role=self.file_role,
+                stage=self.file_stage,
+                step=self.step,
+                rank=self.topology.rank,
+                world_size=self.topology.world_size,
+                discrete=not self.fused,
+                path=None,
+                occurrence=self.occurrence,
+                error=error,
+            )
+        )
+
+    def report_left_open(self, record: TraceRecord) -> None:
+        """This trace's owning region stayed open after its step ended (a generator suspended
+        inside it): the summary says so, naming the trace later steps' work landed in."""
+        where = record.path if record.path is not None else f"a trace not written ({record.error})"
+        later = f"; step(s) {', '.join(map(str, self.later_steps))} ran inside it" if self.later_steps else ""
+        STORE.add_attention(
+            f"left-open:{id(self)}",
+            f"region {record.role}/{record.stage} of step {self.step} stayed open after its step "
+            f"ended (a suspended generator?){later}: what ran meanwhile landed in its trace {where}",
+        )
 
     # --- the window -------------------------------------------------------------------------
 
