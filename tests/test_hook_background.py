@@ -77,9 +77,10 @@ def test_at_exit_the_process_waits_for_a_running_hook_and_says_so(tmp_path):
 
 def test_ctrl_c_during_the_exit_wait_kills_the_hook_process_group(tmp_path):
     pid_file = tmp_path / "hook-pid"
+    write_pid_cmd = write_pid(pid_file)
     code = f"""
         import torchstep_prof as tsp
-        with tsp.schedule(steps=[1]), tsp.on_finish('echo $$ > "{pid_file}"; sleep 60 & wait'):
+        with tsp.schedule(steps=[1]), tsp.on_finish('{write_pid_cmd}; sleep 60 & wait'):
             with tsp.step(1), tsp.profile_region("actor", "update"):
                 pass
     """
@@ -112,6 +113,7 @@ def test_ctrl_c_during_the_exit_wait_kills_the_hook_process_group(tmp_path):
 
 def test_ctrl_c_while_training_waits_for_the_hook_kills_it_and_records_it(tmp_path):
     pid_file = tmp_path / "hook-pid"
+    write_pid_cmd = write_pid(pid_file)
     code = f"""
         import json, os, signal, threading, time
         import torchstep_prof as tsp
@@ -124,7 +126,7 @@ def test_ctrl_c_while_training_waits_for_the_hook_kills_it_and_records_it(tmp_pa
         threading.Thread(target=interrupt_once_the_hook_runs, daemon=True).start()
         caught = False
         with tsp.configure(summary=False), tsp.schedule(steps=[1]), \\
-                tsp.on_finish('echo $$ > "{pid_file}"; sleep 60 & wait', wait=True):
+                tsp.on_finish('{write_pid_cmd}; sleep 60 & wait', wait=True):
             try:
                 with tsp.step(1), tsp.profile_region("actor", "update"):
                     pass
@@ -141,6 +143,13 @@ def test_ctrl_c_while_training_waits_for_the_hook_kills_it_and_records_it(tmp_pa
     assert outcome["hooks"] == [["failed", "interrupted (Ctrl-C while training waited for it); its process group was killed"]]
     assert "interrupted (Ctrl-C while training waited for it)" in result.stderr
     assert live_members(int(pid_file.read_text())) == []
+
+
+def write_pid(pid_file: Path) -> str:
+    """Shell code writing the hook shell's pid to ``pid_file``, which appears with the pid in it
+    (renamed into place): a test acting once the file exists never reads it empty, even when the
+    shell is descheduled between creating the file and writing the pid and then killed."""
+    return f'echo $$ > "{pid_file}.tmp" && mv "{pid_file}.tmp" "{pid_file}"'
 
 
 def live_members(group: int) -> list[int]:
