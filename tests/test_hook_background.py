@@ -77,9 +77,10 @@ def test_at_exit_the_process_waits_for_a_running_hook_and_says_so(tmp_path):
 
 def test_ctrl_c_during_the_exit_wait_kills_the_hook_process_group(tmp_path):
     pid_file = tmp_path / "hook-pid"
+    write_pid_cmd = write_pid(pid_file)
     code = f"""
         import torchstep_prof as tsp
-        with tsp.schedule(steps=[1]), tsp.on_finish('echo $$ > "{pid_file}"; sleep 60 & wait'):
+        with tsp.schedule(steps=[1]), tsp.on_finish('{write_pid_cmd}; sleep 60 & wait'):
             with tsp.step(1), tsp.profile_region("actor", "update"):
                 pass
     """
@@ -112,6 +113,7 @@ def test_ctrl_c_during_the_exit_wait_kills_the_hook_process_group(tmp_path):
 
 def test_ctrl_c_while_training_waits_for_the_hook_kills_it_and_records_it(tmp_path):
     pid_file = tmp_path / "hook-pid"
+    write_pid_cmd = write_pid(pid_file)
     code = f"""
         import json, os, signal, threading, time
         import torchstep_prof as tsp
@@ -124,7 +126,7 @@ def test_ctrl_c_while_training_waits_for_the_hook_kills_it_and_records_it(tmp_pa
         threading.Thread(target=interrupt_once_the_hook_runs, daemon=True).start()
         caught = False
         with tsp.configure(summary=False), tsp.schedule(steps=[1]), \\
-                tsp.on_finish('echo $$ > "{pid_file}"; sleep 60 & wait', wait=True):
+                tsp.on_finish('{write_pid_cmd}; sleep 60 & wait', wait=True):
             try:
                 with tsp.step(1), tsp.profile_region("actor", "update"):
                     pass
@@ -141,6 +143,13 @@ def test_ctrl_c_while_training_waits_for_the_hook_kills_it_and_records_it(tmp_pa
     assert outcome["hooks"] == [["failed", "interrupted (Ctrl-C while training waited for it); its process group was killed"]]
     assert "interrupted (Ctrl-C while training waited for it)" in result.stderr
     assert live_members(int(pid_file.read_text())) == []
+
+
+def write_pid(pid_file: Path) -> str:
+    """Shell code writing the hook shell's pid to ``pid_file``, which appears with the pid in it
+    (renamed into place): a test acting once the file exists never reads it empty, even when the
+    shell is descheduled between creating the file and writing the pid and then killed."""
+    return f'echo $$ > "{pid_file}.tmp" && mv "{pid_file}.tmp" "{pid_file}"'
 
 
 def live_members(group: int) -> list[int]:
@@ -309,7 +318,7 @@ def test_a_step_entered_again_after_the_hook_ran_is_pointed_out(save_dir, tmp_pa
 def test_a_slow_hook_on_one_rank_does_not_time_out_another_ranks_collective(tmp_path):
     run_torchrun(WORKERS / "slow_hook_worker.py", 2, [str(tmp_path)], log_dir=tmp_path).check()
     results = [read_json(tmp_path / f"result_rank{rank}.json") for rank in (0, 1)]
-    assert [r["sum"] for r in results] == [2.0, 2.0]  # every all-reduce went through (5 s timeout)
-    assert results[0]["hook_done_before_exit"] is False  # the 12 s hook was still running
+    assert [r["sum"] for r in results] == [2.0, 2.0]  # every all-reduce went through (8 s timeout)
+    assert results[0]["hook_done_before_exit"] is False  # the 20 s hook was still running
     assert (tmp_path / "hook-done-rank0").exists()  # and rank 0's exit waited for it
     assert not (tmp_path / "hook-done-rank1").exists()

@@ -222,6 +222,35 @@ def test_file_names_are_shortened_or_listed_below_when_narrow():
             assert [line.strip() for line in lines if line.startswith("  learner_")] == names
 
 
+def test_traces_started_in_the_same_millisecond_never_share_a_file_cell():
+    # Two regions of one step, a third in the next step, all started in the same millisecond
+    # (quick regions do): the time of day no longer tells their rows apart.
+    pid = os.getpid()
+    stamp = "20261201103107042"
+    traces = tuple(
+        tsp.TraceRecord(
+            role=role, stage=stage, step=step, rank=0, world_size=1, discrete=True,
+            path=os.path.join("outputs/profile", f"{role}_{stage}_step{step}_rank0-of-1_pid{pid}_{stamp}.json"),
+            size_bytes=2048, wall_s=0.0123,
+        )
+        for role, stage, step in [("actor", "compute-log-prob", 1), ("critic", "update", 1), ("actor", "compute-log-prob", 2)]
+    )  # fmt: skip
+    later = tsp.TraceRecord(
+        role="critic", stage="update", step=2, rank=0, world_size=1, discrete=True,
+        path=f"outputs/profile/critic_update_step2_rank0-of-1_pid{pid}_20261201103107043.json",
+        size_bytes=2048, wall_s=0.0123,
+    )  # fmt: skip
+    data = tsp.ProfilingRecords(traces=(*traces, later))
+    buffer = io.StringIO()
+    tsp.print_summary(data, Console(file=buffer, width=250))
+    rows = table_rows(buffer.getvalue())
+    cells = [row[-1] for row in rows]
+    assert len(rows) == 4 and len(set(cells)) == 4, buffer.getvalue()
+    names = [os.path.basename(t.path) for t in data.traces]
+    assert files_of(rows, names) == names
+    assert cells[-1] == "…103107043.json"  # a row whose time is its own keeps the short cell
+
+
 LONG_ROLE = "-".join(["actor"] * 14)[:79] + "x"  # 80 characters: the longest label kept whole
 
 

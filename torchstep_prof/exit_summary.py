@@ -68,9 +68,15 @@ def _file_cells(data: ProfilingRecords, folder: str | None, pid: int) -> tuple[l
     stamps = [format_timestamp(n.timestamp) for _, n in written if n is not None]
     common = len(os.path.commonprefix(stamps)) if len(stamps) > 1 else 8
     cut = min(common, 8)  # keep the time of day (HHMMSS + ms): a reader matches it by eye
+    short = [None if name is None else (f"…{tail(name)[cut:]}" if cut else tail(name)) for name in names]
+    # Two traces started in the same millisecond share the time: those rows show their whole
+    # file name, so that no two rows show the same cell (nor one a cell the other's name ends with).
+    seen = [cell for cell in short if cell is not None]
     cells = [
-        "NOT WRITTEN" if name is None else (f"…{tail(name)[cut:]}" if cut else tail(name))
-        for name in names
+        "NOT WRITTEN"
+        if cell is None
+        else (os.path.basename(trace.path) if seen.count(cell) > 1 and trace.path else cell)
+        for cell, trace in zip(short, data.traces)
     ]
     world = data.traces[0].world_size if data.traces else 1
     rank = "<rank>" if len({t.rank for t in data.traces}) > 1 else str(data.traces[0].rank)

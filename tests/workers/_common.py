@@ -52,9 +52,14 @@ def _count_collectives() -> None:
                 setattr(module, name, counting)
 
 
-def all_reduce(tensor: Any) -> None:
-    """The worker's own collective (not counted)."""
-    ORIGINAL["all_reduce"](tensor)
+def all_reduce(tensor: Any, group: Any = None) -> None:
+    """The worker's own collective (not counted), on ``group`` (the default group if None)."""
+    ORIGINAL["all_reduce"](tensor, group=group)
+
+
+def new_group(timeout_s: float) -> Any:
+    """The worker's own group of every rank, with a collective timeout of its own (not counted)."""
+    return ORIGINAL["new_group"](timeout=datetime.timedelta(seconds=timeout_s), backend="gloo")
 
 
 def hook_command(folder: Path, *, shell: bool = True) -> Any:
