@@ -26,15 +26,14 @@ import torch
 from ._foreign import foreign_profiler
 from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
 from .range_names import range_name
-from .record_store import STORE, TraceRecord
-from . import open_blocks, process_exit
+from . import open_blocks
 from .frames import Frame, HookScope, when_env_sets_a_hook
 from .selection import StepAction, last_selected_step
 from .session import NESTED_FAST_PATH, TraceSession, entered, new_range
 from .topology import current_topology
-from .warm_up import warm_up_profiler
 
 if TYPE_CHECKING:
+    from .record_store import TraceRecord
     from .writing.writer import TraceWriter
 
 __all__ = ["CURRENT_STEP", "ENGINE", "ForeignProfilerWarning", "ProfilerStartWarning"]
@@ -256,7 +255,7 @@ class Engine:
             try:
                 session.stop()
             finally:
-                STORE.add_costs(start_s=session.start_s, stop_s=session.stop_s)
+                _store().add_costs(start_s=session.start_s, stop_s=session.stop_s)
                 self._set_idle()  # the export runs beside the next profiler: see writing/writer.py
                 if session.lost is not None:
                     self._record_lost(session)
@@ -338,11 +337,14 @@ class Engine:
             return
         self.warmed = True
         t0 = time.perf_counter()
+        from .warm_up import warm_up_profiler
+
         warm_up_profiler(contents)
         from .exit_summary import import_exit_modules
 
         import_exit_modules()
-        STORE.add_costs(warmup_s=time.perf_counter() - t0)
+        self.writer.start()  # made and started now, not when the first trace ends (~10 ms)
+        _store().add_costs(warmup_s=time.perf_counter() - t0)
 
     # --- scopes and the finish hook ----------------------------------------------------------
 
@@ -372,7 +374,7 @@ class Engine:
             return
         missed = scope.missed()
         if missed:
-            STORE.add_missed_steps(missed.ranges, missed.unlisted)
+            _store().add_missed_steps(missed.ranges, missed.unlisted)
 
     def finish(self, scope: HookScope, where: Any = None) -> None:
         """Profiling under ``scope`` is finished (``where``: the config in force at that point):
@@ -407,7 +409,9 @@ class Engine:
         """Register the at-exit work (pending files, the environment's hook, the summary) once."""
         if not self._atexit_registered:
             self._atexit_registered = True
-            atexit.register(functools.partial(process_exit.at_exit, self))
+            from .process_exit import at_exit
+
+            atexit.register(functools.partial(at_exit, self))
 
     def _warn_once(self, key: str, message: str, category: type[Warning]) -> None:
         if key not in self._warned:
@@ -429,7 +433,22 @@ def _rearmed_on_interrupt(finished: list[tuple[HookScope, Any]]) -> Iterator[Non
         raise
 
 
+def _store() -> Any:
+    # Imported where first used: the records' attrs classes cost ~6 ms of `import`.
+    from .record_store import STORE
+
+    return STORE
+
+
 ENGINE = Engine()
 when_env_sets_a_hook(ENGINE.ensure_atexit)
+
+
+def _after_fork_in_child() -> None:
+    from .process_exit import after_fork_in_child
+
+    after_fork_in_child(ENGINE)
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=functools.partial(process_exit.after_fork_in_child, ENGINE))
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -14,12 +14,14 @@ import contextvars
 import itertools
 import os
 import threading
-from typing import Any, Callable, Container, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Container, Iterator, Optional, Sequence
 
 from .config.model import ProfilerConfig
-from .missed_steps import ScheduleScope
 from .selection import NONE, RECORD, CyclePlan, StepAction, explicit_steps, rank_selected
 from .topology import current_topology, default_group
+
+if TYPE_CHECKING:
+    from .missed_steps import ScheduleScope
 
 __all__ = ["Frame", "HookScope", "current_frame", "env_hook_scope", "frame_if_read", "when_env_sets_a_hook"]
 
@@ -272,5 +274,7 @@ def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: b
     else:
         hook_scope = parent_hook
     frame = Frame(config, hook_scope)
+    from .missed_steps import ScheduleScope
+
     frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)
     return frame

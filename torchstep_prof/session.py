@@ -13,7 +13,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -22,10 +22,12 @@ from ._foreign import disturbed_since, kineto_recording, mark_own, new_own_profi
 from ._spans import SpanLog, ThreadSpan, running_task
 from .config.model import ProfilerConfig
 from .errors import TorchstepProfWarning, warn
-from .record_store import STORE, TraceRecord
 from .traces.names import fit_label, range_label, sanitize_label
 from .selection import StepAction
 from .topology import Topology, distributed_initialized
+
+if TYPE_CHECKING:
+    from .record_store import TraceRecord
 
 __all__ = ["NESTED_FAST_PATH", "TraceSession", "entered", "new_range", "profiler_kwargs"]
 
@@ -203,6 +205,8 @@ class TraceSession:
         """This trace has no file (the profiler failed to start, another profiler ended it, it
         was still recording in another thread at exit): a row of the summary, labelled as its
         file would have been."""
+        from .record_store import STORE, TraceRecord
+
         STORE.add_trace(
             TraceRecord(
                 role=self.file_role,
@@ -220,6 +224,8 @@ class TraceSession:
     def report_left_open(self, record: TraceRecord) -> None:
         """This trace's owning region stayed open after its step ended (a generator suspended
         inside it): the summary says so, naming the trace later steps' work landed in."""
+        from .record_store import STORE
+
         where = record.path if record.path is not None else f"a trace not written ({record.error})"
         later = f"; step(s) {', '.join(map(str, self.later_steps))} ran inside it" if self.later_steps else ""
         STORE.add_attention(

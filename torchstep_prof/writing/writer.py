@@ -140,6 +140,11 @@ class TraceWriter:
 
     # --- the writer thread ------------------------------------------------------------------
 
+    def start(self) -> None:
+        """Start the writer thread now (with the profiler's warm-up), so the first trace's end
+        does not wait for a thread to start (~4 ms)."""
+        self._ensure_thread()
+
     def _ensure_thread(self) -> bool:
         """Start the writer thread if needed; False when no thread can start (interpreter
         finalizing), and the caller writes in its own thread instead."""
