@@ -360,3 +360,18 @@ def test_asyncio_tasks_each_own_a_trace_when_nothing_records(save_dir):
     with tsp.schedule(steps=[1]):
         asyncio.run(main())
     assert sorted(parse_trace_name(p).stage for p in trace_files(save_dir)) == ["task0", "task1"]
+
+
+def test_a_not_profiled_region_composes_with_exitstack_and_as():
+    # Framework callbacks enter regions through ExitStack, which calls __enter__ with the region.
+    import contextlib
+
+    region = tsp.profile_region("actor", "update")
+    with contextlib.ExitStack() as stack:
+        assert stack.enter_context(region) is region
+    with region as entered:
+        assert entered is region
+    with pytest.raises(KeyError):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(tsp.profile_region("actor", "update"))
+            raise KeyError("propagates")
