@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -42,3 +43,32 @@ def test_importing_the_package_imports_neither_torch_nor_the_heavy_libraries():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_schedule_in_force_loads_every_name_so_tsp_attribute_loads_are_plain():
+    # Python 3.11 specializes `tsp.profile_region` only on a module without __getattr__; the
+    # package drops its lazy loader once a schedule is in force (regions may run from then on).
+    # Before that, names still load lazily; after it, unknown names still raise AttributeError.
+    code = (
+        "import torch, torchstep_prof as tsp\n"
+        "before = '__getattr__' in vars(tsp)\n"
+        "with tsp.configure(summary=False), tsp.schedule(steps=[10**9]):\n"
+        "    pass\n"
+        "after = '__getattr__' in vars(tsp)\n"
+        "missing = sorted(n for n in tsp.__all__ if n not in vars(tsp))\n"
+        "try:\n"
+        "    tsp.no_such_thing\n"
+        "except AttributeError as exc:\n"
+        "    error = str(exc)\n"
+        "print(before, after, missing, error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True False [] module 'torchstep_prof' has no attribute 'no_such_thing'"
+
+
+def test_an_environment_schedule_loads_every_name_at_import():
+    # Zero-code profiling may enter no scope at all: the import, after torch's, does it.
+    code = "import torch, torchstep_prof as tsp; print('__getattr__' in vars(tsp), tsp.profile_region.__name__)"
+    env = {**os.environ, "TORCHSTEP_PROF_OVERRIDES": "schedule.steps=[1000000]"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "False profile_region"

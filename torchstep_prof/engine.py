@@ -353,6 +353,9 @@ class Engine:
         if frame.idle or self.forked:
             return
         self.ensure_atexit()
+        from . import _load_every_name  # regions may run from here on: make `tsp.<name>` cheap
+
+        _load_every_name()
         if not self.warmed and frame.rank_selected():
             self.warm_up(frame.config.contents)
 
