@@ -77,7 +77,7 @@ def in_process(report: Report, quick: bool) -> None:
 
     _timing.clean_environment()
     import torchstep_prof as tsp
-    from torchstep_prof.frames import current_frame
+    from torchstep_prof.selection.frames import current_frame
     from torchstep_prof.zero_code.boundaries import StepDriver
 
     mlp_step = _timing.make_mlp_step(width=512, batch=64, layers=3)
@@ -94,7 +94,7 @@ def in_process(report: Report, quick: bool) -> None:
 
         samples = _timing.interleave({"bare": _timing.loop("step()", 20, {"step": mlp_step}), "run": with_hooks},
                                      rounds=6 if quick else 20)  # fmt: skip
-    from torchstep_prof.record_store import STORE
+    from torchstep_prof.summary.records import STORE
 
     STORE.clear()  # close() noted that no step was profiled: not this bench's summary
     report.add(stat("in process: training step, no hooks", samples["bare"]))

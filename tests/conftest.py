@@ -18,8 +18,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import torchstep_prof as tsp  # noqa: E402
-from torchstep_prof.record_store import STORE as _STORE  # noqa: E402
-from torchstep_prof import frames as _frames  # noqa: E402
+from torchstep_prof.summary.records import STORE as _STORE  # noqa: E402
+from torchstep_prof.selection import frames as _frames  # noqa: E402
 from torchstep_prof.engine import ENGINE as _ENGINE  # noqa: E402
 from torchstep_prof import topology as _topology  # noqa: E402
 

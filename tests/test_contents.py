@@ -9,7 +9,7 @@ import torch
 from trace_helpers import events, load_trace, range_names, trace_files
 
 import torchstep_prof as tsp
-from torchstep_prof import session as _session
+from torchstep_prof.recording import session as _session
 
 
 def record(*contents, save_dir):

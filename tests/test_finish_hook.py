@@ -26,7 +26,7 @@ from torchstep_prof.hook.command import (
     hook_environment,
     run_hook,
 )
-from torchstep_prof.record_store import STORE
+from torchstep_prof.summary.records import STORE
 
 # Dumps the hook's environment and its own pid as JSON to the file named by its first argument.
 _DUMP_ENV = "import json, os, sys; json.dump({'env': dict(os.environ), 'pid': os.getpid()}, open(sys.argv[1], 'w'))"

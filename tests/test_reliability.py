@@ -361,7 +361,7 @@ def test_a_fused_step_with_many_roles_still_gets_a_file(save_dir):
 
 
 def test_a_keyboard_interrupt_while_the_profiler_starts_leaves_profiling_usable(save_dir, monkeypatch):
-    from torchstep_prof.session import TraceSession
+    from torchstep_prof.recording.session import TraceSession
 
     real_start = TraceSession.start
     calls = []

@@ -11,7 +11,7 @@ import pytest
 
 import torchstep_prof as tsp
 from torchstep_prof import ConfigError, ProfilerConfig, ScheduleConfig
-from torchstep_prof.frames import reset_root
+from torchstep_prof.selection.frames import reset_root
 
 DEFAULT = ProfilerConfig()
 

@@ -14,7 +14,7 @@ from trace_helpers import steps_written, trace_files
 
 import torchstep_prof as tsp
 from torchstep_prof import ScheduleConfig, parse_trace_name
-from torchstep_prof.selection import StepAction, step_action
+from torchstep_prof.selection.rules import StepAction, step_action
 
 
 def run_steps(count, role="actor", stage="update"):
@@ -367,8 +367,8 @@ def test_the_environments_schedule_reports_missed_steps_at_exit_and_only_then(tm
 def test_ranges_counts_and_missed_steps_agree_with_step_by_step_selection(
     skip_first, wait, warmup, active, repeat, first, span, seen
 ):
-    from torchstep_prof.missed_steps import ScheduleScope
-    from torchstep_prof.selection import count_selected, last_selected_step, selected_ranges
+    from torchstep_prof.selection.missed_steps import ScheduleScope
+    from torchstep_prof.selection.rules import count_selected, last_selected_step, selected_ranges
 
     config = ScheduleConfig(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
     last = first + span
@@ -414,9 +414,9 @@ _fresh_roles = itertools.count()
 @settings(max_examples=150, deadline=None)
 @given(schedule=_schedules, ranks=st.sets(st.integers(0, 2), min_size=1), counted=st.booleans())
 def test_a_regions_decision_is_the_frames_for_every_step_and_rank(schedule, ranks, counted):
-    from torchstep_prof.frames import current_frame
+    from torchstep_prof.selection.frames import current_frame
     from torchstep_prof.regions import _IDLE_REGION
-    from torchstep_prof.selection import NONE
+    from torchstep_prof.selection.rules import NONE
 
     role = f"agree{next(_fresh_roles)}"  # a fresh counter: its n-th entry is step n
     with tsp.configure(summary=False), tsp.schedule(**schedule), tsp.ranks(*sorted(ranks)):
@@ -431,7 +431,7 @@ def test_a_rank_decision_is_made_again_when_the_process_group_changes(save_dir, 
 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    from torchstep_prof.frames import reset_root
+    from torchstep_prof.selection.frames import reset_root
 
     reset_root()
     with tsp.schedule(steps=[1, 2]), tsp.ranks(0):

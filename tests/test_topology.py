@@ -165,5 +165,5 @@ def test_the_unranked_ray_actor_warning_points_at_user_code(tmp_path: Path) -> N
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     (warning,) = [line for line in done.stderr.splitlines() if "has no RANK variable" in line]
-    # Not torchstep_prof/frames.py (where the rank is first read) nor contextlib's ExitStack.
+    # Not torchstep_prof/selection/frames.py (where the rank is first read) nor contextlib's ExitStack.
     assert warning.startswith(f"{script}:12: TorchstepProfWarning: "), done.stderr

@@ -30,16 +30,16 @@ _EXPORTS = {
     "FinishHookConfig": "config.model",
     "FinishHookWarning": "errors",
     "ForeignProfilerWarning": "errors",
-    "HookRecord": "record_store",
+    "HookRecord": "summary.records",
     "ProfilerConfig": "config.model",
     "ProfilerStartWarning": "errors",
-    "ProfilingCosts": "record_store",
-    "ProfilingRecords": "record_store",
+    "ProfilingCosts": "summary.records",
+    "ProfilingRecords": "summary.records",
     "ScheduleConfig": "config.model",
     "TorchstepProfError": "errors",
     "TorchstepProfWarning": "errors",
     "TraceName": "traces.names",
-    "TraceRecord": "record_store",
+    "TraceRecord": "summary.records",
     "TraceWriteWarning": "errors",
     "apply_overrides": "config.overrides",
     "begin_step": "regions",
@@ -54,11 +54,11 @@ _EXPORTS = {
     "load_config": "config.files",
     "on_finish": "scopes",
     "parse_trace_name": "traces.names",
-    "print_summary": "exit_summary",
+    "print_summary": "summary.exit_table",
     "profile_region": "regions",
     "profiled": "regions",
     "ranks": "scopes",
-    "records": "record_store",
+    "records": "summary.records",
     "schedule": "scopes",
     "step": "regions",
     "to_dict": "config.converter",
@@ -111,7 +111,7 @@ def _warm_up_for_the_environment() -> None:
     from .engine import ENGINE
     from .config.environment import read_environment
     from .errors import ConfigError
-    from .selection import rank_selected
+    from .selection.rules import rank_selected
     from .topology import current_topology
 
     try:
@@ -142,7 +142,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     )
     from .traces.names import TraceName, build_trace_name, parse_trace_name
     from .config.overrides import apply_overrides
-    from .record_store import HookRecord, ProfilingCosts, ProfilingRecords, TraceRecord, records
+    from .summary.records import HookRecord, ProfilingCosts, ProfilingRecords, TraceRecord, records
     from .regions import begin_step, end_step, profile_region, profiled, step
     from .scopes import configure, contents, effective_config, on_finish, ranks, schedule
-    from .exit_summary import print_summary
+    from .summary.exit_table import print_summary

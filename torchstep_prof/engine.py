@@ -4,9 +4,9 @@ Exactly one profiler runs per process, owned by the outermost profiled block (a 
 discrete mode, a ``step`` block in fused mode). Everything entered while it records, in any
 thread or asyncio task, becomes a range in that trace. The engine is process-wide by nature
 (torch's profiler is), so its state sits on one object guarded by a lock; the scope stacks
-themselves live in context variables (:mod:`torchstep_prof.frames`). What interpreter exit and a
+themselves live in context variables (:mod:`torchstep_prof.selection.frames`). What interpreter exit and a
 fork do to it is :mod:`torchstep_prof.process_exit`; the profiler's one-time warm-up is
-:mod:`torchstep_prof.warm_up`.
+:mod:`torchstep_prof.recording.warm_up`.
 """
 
 from __future__ import annotations
@@ -19,21 +19,21 @@ import itertools
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
-from ._foreign import foreign_profiler
+from .recording.foreign import foreign_profiler
 from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
-from .range_names import range_name
-from . import open_blocks
-from .frames import Frame, HookScope, when_env_sets_a_hook
-from .selection import StepAction, last_selected_step
-from .session import NESTED_FAST_PATH, TraceSession, entered, new_range
+from .recording.range_names import range_name
+from .selection import open_blocks
+from .selection.frames import Frame, HookScope, when_env_sets_a_hook
+from .selection.rules import StepAction, last_selected_step
+from .recording.session import NESTED_FAST_PATH, TraceSession, entered, new_range
 from .topology import current_topology
 
 if TYPE_CHECKING:
-    from .record_store import TraceRecord
+    from .summary.records import TraceRecord
     from .writing.writer import TraceWriter
 
 __all__ = ["CURRENT_STEP", "ENGINE", "ForeignProfilerWarning", "ProfilerStartWarning"]
@@ -79,7 +79,7 @@ class Engine:
         self.forked = False
         self.warmed = False
         # role -> stage -> counter (two lookups of interned strings beat building a tuple key)
-        self.counters: dict[str, dict[str, Callable[[], int]]] = {}
+        self.counters: dict[str, dict[str, Iterator[int]]] = {}
         # (role, stage, step) -> traces started so far; (None, None, step) for fused ones
         self._occurrences: dict[tuple[Optional[str], Optional[str], int], int] = {}
         self._atexit_registered = False
@@ -170,9 +170,9 @@ class Engine:
         if stages is None:
             stages = self.counters.setdefault(role, {})
         counter = stages.get(stage)
-        if counter is None:  # the bound __next__: what a counted region calls
-            counter = stages.setdefault(stage, itertools.count(1).__next__)
-        return counter()
+        if counter is None:  # regions call next() on it (cheaper than its bound __next__)
+            counter = stages.setdefault(stage, itertools.count(1))
+        return next(counter)
 
     # --- the profiler window -----------------------------------------------------------------
 
@@ -337,10 +337,10 @@ class Engine:
             return
         self.warmed = True
         t0 = time.perf_counter()
-        from .warm_up import warm_up_profiler
+        from .recording.warm_up import warm_up_profiler
 
         warm_up_profiler(contents)
-        from .exit_summary import import_exit_modules
+        from .summary.exit_table import import_exit_modules
 
         import_exit_modules()
         self.writer.start()  # made and started now, not when the first trace ends (~10 ms)
@@ -438,7 +438,7 @@ def _rearmed_on_interrupt(finished: list[tuple[HookScope, Any]]) -> Iterator[Non
 
 def _store() -> Any:
     # Imported where first used: the records' attrs classes cost ~6 ms of `import`.
-    from .record_store import STORE
+    from .summary.records import STORE
 
     return STORE
 

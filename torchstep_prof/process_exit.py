@@ -12,11 +12,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from . import open_blocks
+from .selection import open_blocks
 from .errors import TorchstepProfWarning, TraceWriteWarning, warn
-from .frames import env_hook_scope, frame_if_read
-from .selection import StepAction
-from .session import NESTED_FAST_PATH
+from .selection.frames import env_hook_scope, frame_if_read
+from .selection.rules import StepAction
+from .recording.session import NESTED_FAST_PATH
 
 # The engine (engine.Engine) comes as an argument: this module is imported by it.
 Engine = Any
@@ -74,7 +74,7 @@ def at_exit(engine: Engine) -> None:
 
         wait_at_exit()
     finally:
-        from .exit_summary import print_summary_at_exit
+        from .summary.exit_table import print_summary_at_exit
 
         print_summary_at_exit(engine.summary_wanted)
 
@@ -84,7 +84,7 @@ def _flush_at_exit(engine: Engine) -> None:
             engine._writer.flush(count=False)
     except KeyboardInterrupt:
         # Ctrl-C while the last traces are written: the exit work still waits for them (the
-        # summary's records()); a second Ctrl-C there exits without them (exit_summary.py).
+        # summary's records()); a second Ctrl-C there exits without them (summary/exit_table.py).
         warn(
             "torchstep_prof: interrupted at exit while traces were still being written; still "
             "waiting for them (Ctrl-C again exits without the traces not yet on disk)",

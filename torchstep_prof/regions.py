@@ -16,19 +16,19 @@ from threading import get_ident as _get_ident
 from typing import Any, Callable, Optional, TypeVar
 
 from . import engine as _engine
-from . import frames as _frames
-from . import open_blocks as _open_blocks
+from .selection import frames as _frames
+from .selection import open_blocks as _open_blocks
 from ._wrapping import around_each_call
-from .range_names import RANGE_NAMES as _RANGE_NAMES
-from .range_names import range_name
-from .session import NESTED_FAST_PATH as _NESTED
-from .session import new_range
+from .recording.range_names import RANGE_NAMES as _RANGE_NAMES
+from .recording.range_names import range_name
+from .recording.session import NESTED_FAST_PATH as _NESTED
+from .recording.session import new_range
 from .topology import group_registry
 from .traces.names import sanitize_label
-from .frames import _ROOT, Frame, current_frame
-from .selection import NONE as _NONE
-from .selection import RECORD as _RECORD
-from .selection import StepAction
+from .selection.frames import _ROOT, Frame, current_frame
+from .selection.rules import NONE as _NONE
+from .selection.rules import RECORD as _RECORD
+from .selection.rules import StepAction
 
 __all__ = ["begin_step", "end_step", "profile_region", "profiled", "step"]
 
@@ -156,7 +156,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             # a scope entered inside the block decides anew, below
         else:
             try:
-                step = _COUNTERS[role][stage]()
+                step = next(_COUNTERS[role][stage])
             except KeyError:  # labels are checked when the counter is made
                 _check_labels(role, stage)
                 step = ENGINE.count(role, stage)

@@ -3,7 +3,7 @@
 Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
 ``configure()``.
 
-Each scope pushes a frame (``frames.py``) for its block and tells the engine it was entered
+Each scope pushes a frame (``selection/frames.py``) for its block and tells the engine it was entered
 (warm up) and exited (finish hooks, missed steps). Scopes are entered rarely, so they are
 generator context managers: that makes each one usable as a decorator for free.
 """
@@ -20,7 +20,7 @@ from .config._scope_fields import evolve_checked
 from .config.model import FinishHookConfig, ProfilerConfig, ScheduleConfig
 from .engine import ENGINE
 from .errors import ConfigError, Problem
-from .frames import _STACK, current_frame, frame_for
+from .selection.frames import _STACK, current_frame, frame_for
 
 __all__ = [
     "configure",

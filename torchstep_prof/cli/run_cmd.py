@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import torchstep_prof as tsp
 
-    from ..frames import current_frame
+    from ..selection.frames import current_frame
     from ..zero_code.boundaries import StepDriver
 
     with contextlib.ExitStack() as scopes:

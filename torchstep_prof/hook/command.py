@@ -18,7 +18,7 @@ import attrs
 
 from ..config.model import FinishHookConfig
 from ..traces.names import sanitize_label
-from ..record_store import STORE, HookRecord
+from ..summary.records import STORE, HookRecord
 from .process import HookInterrupt, display, kill_running_hooks, run_command, warn_hook
 from .relocate import relocate_traces
 

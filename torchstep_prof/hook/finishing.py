@@ -23,9 +23,9 @@ import attrs
 
 from .. import background
 from ..config.model import ProfilerConfig
-from ..record_store import STORE
-from ..frames import HookScope
-from ..selection import rank_selected
+from ..summary.records import STORE
+from ..selection.frames import HookScope
+from ..selection.rules import rank_selected
 from ..topology import Topology, current_topology
 
 if TYPE_CHECKING:

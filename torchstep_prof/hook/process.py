@@ -20,7 +20,7 @@ from collections import deque
 from typing import IO, Callable, Optional, Tuple, TypeVar, Union
 
 from ..errors import FinishHookWarning, warn
-from ..record_store import HOOK_FAILED, HOOK_NOT_STARTED, HOOK_OK, HOOK_TIMEOUT
+from ..summary.records import HOOK_FAILED, HOOK_NOT_STARTED, HOOK_OK, HOOK_TIMEOUT
 
 __all__ = ["HookInterrupt", "display", "kill_running_hooks", "run_command", "warn_hook"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Tu
 
 import attrs
 
-from .._label_wrap import wrap_label
+from ..summary.label_wrap import wrap_label
 from .runs import OtherRun
 from .files import OpTime, TraceInfo, Unreadable
 
@@ -277,7 +277,7 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
     """
     from rich.text import Text
 
-    from .._plain_console import print_stripped
+    from ..summary.plain_console import print_stripped
 
     if summary.groups:
         table, ops_below = _table(summary, title, console.width)

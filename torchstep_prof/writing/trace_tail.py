@@ -19,7 +19,7 @@ import re
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
-    from .._spans import SpanLog
+    from ..recording.spans import SpanLog
 
 __all__ = ["TraceTailError", "finish_tail", "set_trace_name"]
 

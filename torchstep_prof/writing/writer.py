@@ -37,8 +37,8 @@ from .temp_files import host_label, leftovers_of, remove, remove_dead_temporarie
 from .trace_tail import TraceTailError, finish_tail, set_trace_name
 from ..errors import TraceWriteWarning, warn
 from ..traces.names import TraceName, build_trace_name, with_part
-from ..record_store import STORE, TraceRecord
-from ..session import TraceSession
+from ..summary.records import STORE, TraceRecord
+from ..recording.session import TraceSession
 
 __all__ = ["MAX_PENDING", "TraceWriter", "TraceWriteWarning"]
 

@@ -23,10 +23,10 @@ from torch.nn.modules import module as _module_hooks
 from torch.optim import optimizer as _optimizer_hooks
 
 from ..errors import TorchstepProfWarning, warn
-from ..record_store import STORE
+from ..summary.records import STORE
 from ..regions import profile_region, step
-from ..frames import Frame
-from ..selection import StepAction, last_selected_step
+from ..selection.frames import Frame
+from ..selection.rules import StepAction, last_selected_step
 
 __all__ = ["ModuleRegion", "StepDriver", "parse_region"]
 

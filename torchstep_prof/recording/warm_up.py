@@ -11,7 +11,7 @@ import tempfile
 
 import torch
 
-from ._foreign import new_own_profile, settle_own_profile
+from .foreign import new_own_profile, settle_own_profile
 from .session import new_range, profiler_kwargs
 
 __all__ = ["warm_up_profiler"]

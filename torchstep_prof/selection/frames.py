@@ -16,9 +16,9 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Container, Iterator, Optional, Sequence
 
-from .config.model import ProfilerConfig
-from .selection import NONE, RECORD, CyclePlan, StepAction, explicit_steps, rank_selected
-from .topology import current_topology, default_group
+from ..config.model import ProfilerConfig
+from .rules import NONE, RECORD, CyclePlan, StepAction, explicit_steps, rank_selected
+from ..topology import current_topology, default_group
 
 if TYPE_CHECKING:
     from .missed_steps import ScheduleScope
@@ -77,7 +77,7 @@ class HookScope:
                 if scope.hook_started:
                     # A step entered again after the hook ran (numbering restarted per epoch, a
                     # retried step): the hook's list stays what it was; the summary says so.
-                    from .record_store import STORE
+                    from ..summary.records import STORE
 
                     STORE.add_attention(
                         f"after-hook:{path}",
@@ -254,7 +254,7 @@ def env_hook_scope() -> Optional[HookScope]:
 
 def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: bool) -> Frame:
     global _ENV_HOOK_SCOPE
-    from .config.environment import read_environment
+    from ..config.environment import read_environment
 
     layer = read_environment()
     config = code_config if layer.is_empty else layer.apply(code_config)

@@ -18,9 +18,9 @@ from typing import Iterator, Optional, Tuple
 
 import attrs
 
-from .config.model import ScheduleConfig
-from .record_store import MAX_MISSED_RANGES
-from .selection import count_selected, last_selected_step, selected_ranges
+from ..config.model import ScheduleConfig
+from ..summary.records import MAX_MISSED_RANGES
+from .rules import count_selected, last_selected_step, selected_ranges
 
 __all__ = ["MissedSteps", "ScheduleScope", "StepRanges"]
 

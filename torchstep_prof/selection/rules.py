@@ -15,7 +15,7 @@ import itertools
 import operator
 from typing import Container, Iterator, Optional, Sequence
 
-from .config.model import ScheduleConfig
+from ..config.model import ScheduleConfig
 
 __all__ = [
     "CyclePlan",

@@ -1,7 +1,7 @@
 """The table printed at interpreter exit: traces written, hook runs, profiling costs.
 
 The table printed at interpreter exit: the traces this process wrote (one line each), its hook
-runs, and what profiling cost. Rows come from :func:`torchstep_prof.record_store`; rendering
+runs, and what profiling cost. Rows come from :func:`torchstep_prof.summary.records`; rendering
 takes a ``Console`` so tests can pass a fixed-width one writing to a buffer."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .traces.names import TraceName, format_timestamp, parse_trace_name
-from .record_store import ProfilingRecords, records
+from ..traces.names import TraceName, format_timestamp, parse_trace_name
+from .records import ProfilingRecords, records
 
 if TYPE_CHECKING:  # rich costs ~70 ms to import: only when a summary is printed
     from rich.console import Console, Group
@@ -91,7 +91,7 @@ _MIN_LABEL = 8  # a folded role or stage keeps this many characters a line at le
 def _fold_labels(columns: list, widths: list[int], width: int, gap: int) -> None:
     """Fold the role and stage cells (in place) so that the table fits ``width``: the numbers
     keep their width, the stage keeps its own when it can, the role takes what is left."""
-    from ._label_wrap import wrap_label
+    from .label_wrap import wrap_label
 
     index = {header: i for i, (header, _, _) in enumerate(columns)}
     fixed = sum(w for (h, _, _), w in zip(columns, widths) if h not in _LABELS)
@@ -237,7 +237,7 @@ def print_summary(data: ProfilingRecords, console: Console | None = None) -> Non
     trace, no word folded, no trailing spaces."""
     from rich.console import Console
 
-    from ._plain_console import print_stripped
+    from .plain_console import print_stripped
 
     if console is None:
         # Piped to a log: no colour codes (rich's default), and wide enough not to fold file
@@ -273,21 +273,21 @@ def import_exit_modules() -> None:
     import rich.table  # noqa: F401
     import rich.text  # noqa: F401
 
-    from . import _label_wrap, _plain_console  # noqa: F401
-    from .hook import command, finishing, node_sync, relocate  # noqa: F401
+    from . import label_wrap, plain_console  # noqa: F401
+    from ..hook import command, finishing, node_sync, relocate  # noqa: F401
 
 
 def print_summary_at_exit(wanted: bool) -> None:
     """The at-exit summary, when this process wrote a trace or ran a hook, and ``wanted`` (the
     ``summary`` field of the config it profiled under) and the environment allow it."""
-    from .config.environment import summary_disabled
+    from ..config.environment import summary_disabled
 
     try:
         data = records()  # waits for the traces still being written
     except KeyboardInterrupt:
         # Ctrl-C (again) while the last traces are written: exit now, saying what is lost (the
         # next process writing into the folder removes their temporary files).
-        from .errors import TraceWriteWarning, warn
+        from ..errors import TraceWriteWarning, warn
 
         warn(
             "torchstep_prof: interrupted again at exit; exiting without the traces not yet on disk "

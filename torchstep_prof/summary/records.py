@@ -184,7 +184,7 @@ def records() -> ProfilingRecords:
     >>> [t.path for t in tsp.records().traces]  # doctest: +SKIP
     ['outputs/profile/actor_update_step1_rank0-of-1_pid7_20260814122731089.json']
     """
-    from . import background
+    from .. import background
 
     background.wait_for((background.WRITES,))
     return STORE.snapshot()

@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ._foreign import disturbed_since, kineto_recording, mark_own, new_own_profile, profiles_state, settle_own_profile
-from ._spans import SpanLog, ThreadSpan, running_task
-from .config.model import ProfilerConfig
-from .errors import TorchstepProfWarning, warn
-from .traces.names import fit_label, range_label, sanitize_label
-from .selection import StepAction
-from .topology import Topology, distributed_initialized
+from .foreign import disturbed_since, kineto_recording, mark_own, new_own_profile, profiles_state, settle_own_profile
+from .spans import SpanLog, ThreadSpan, running_task
+from ..config.model import ProfilerConfig
+from ..errors import TorchstepProfWarning, warn
+from ..traces.names import fit_label, range_label, sanitize_label
+from ..selection.rules import StepAction
+from ..topology import Topology, distributed_initialized
 
 if TYPE_CHECKING:
-    from .record_store import TraceRecord
+    from ..summary.records import TraceRecord
 
 __all__ = ["NESTED_FAST_PATH", "TraceSession", "entered", "new_range", "profiler_kwargs"]
 
@@ -142,7 +142,7 @@ class TraceSession:
         self.start_s = 0.0
         self.stop_s = 0.0
         self._profile: Optional[profile] = None
-        self._profiles_at_start: tuple[Any, ...] = ()  # _foreign.profiles_state() once started
+        self._profiles_at_start: tuple[Any, ...] = ()  # foreign.profiles_state() once started
         self.lost: Optional[str] = None  # why the trace cannot be written (another profiler)
         # Why torch's stop left nothing to export (the writer records it as the trace's failure).
         self.no_output: Optional[str] = None
@@ -205,7 +205,7 @@ class TraceSession:
         """This trace has no file (the profiler failed to start, another profiler ended it, it
         was still recording in another thread at exit): a row of the summary, labelled as its
         file would have been."""
-        from .record_store import STORE, TraceRecord
+        from ..summary.records import STORE, TraceRecord
 
         STORE.add_trace(
             TraceRecord(
@@ -224,7 +224,7 @@ class TraceSession:
     def report_left_open(self, record: TraceRecord) -> None:
         """This trace's owning region stayed open after its step ended (a generator suspended
         inside it): the summary says so, naming the trace later steps' work landed in."""
-        from .record_store import STORE
+        from ..summary.records import STORE
 
         where = record.path if record.path is not None else f"a trace not written ({record.error})"
         later = f"; step(s) {', '.join(map(str, self.later_steps))} ran inside it" if self.later_steps else ""

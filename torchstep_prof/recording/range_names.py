@@ -6,7 +6,7 @@ first sight, not on the step that is profiled) and made safe for torch's unescap
 
 from __future__ import annotations
 
-from .traces.names import range_label, sanitize_label
+from ..traces.names import range_label, sanitize_label
 
 __all__ = ["RANGE_NAMES", "range_name"]
 
