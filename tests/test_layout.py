@@ -110,3 +110,32 @@ def test_configuration_and_reading_traces_never_import_torch(subpackage):
                     else [a.name for a in node.names] if isinstance(node, ast.Import) else []
                 )  # fmt: skip
                 assert not any(n == "torch" or n.startswith("torch.") for n in names), name
+
+
+def test_the_region_path_calls_no_method_on_a_from_imported_name():
+    # Python 3.11 compiles `name.method(...)` as a plain attribute load, making and dropping a
+    # bound method on every call, when `name` was bound by an import statement in the module:
+    # in regions.py, the hot path, such objects are bound by assignment instead (calls on
+    # imported modules are fine: a module's function is not bound).
+    import importlib
+    import types
+
+    path = PACKAGE / "regions.py"
+    module = importlib.import_module("torchstep_prof.regions")
+    tree = ast.parse(path.read_text())
+    imported = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    objects = {name for name in imported if not isinstance(getattr(module, name, None), types.ModuleType)}
+    offenders = [
+        f"line {node.lineno}: {node.func.value.id}.{node.func.attr}(...)"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id in objects
+    ]
+    assert offenders == [], offenders

@@ -354,12 +354,14 @@ def test_ctrl_c_while_torch_stops_a_big_trace_leaves_profiling_on_and_every_step
 
 _WRITING_AT_EXIT = """
 import atexit, sys, torch, torchstep_prof as tsp
-# Scopes never exited: the write (gzip: seconds for this trace) finishes at interpreter exit.
+# Scopes never exited: the write finishes at interpreter exit. The trace is big enough (~10 MB
+# gzipped) that its write outlasts the test's Ctrl-Cs by ~1 s on a quiet 2-core machine: with a
+# third of it, the write could end between the two Ctrl-Cs and the trace they left was written.
 tsp.configure(save_path=sys.argv[1], gzip=True).__enter__()
 tsp.schedule(steps=[1, 2]).__enter__()
 with tsp.profile_region("actor", "update", step=1):
     x = torch.ones(4)
-    for _ in range(30000):
+    for _ in range(150000):
         x = x.add(1)
 with tsp.profile_region("actor", "update", step=2):
     torch.ones(4).add(1)
@@ -419,3 +421,64 @@ def test_a_second_ctrl_c_at_exit_exits_without_the_traces_not_yet_written_and_sa
     assert 1 not in [parse_trace_name(p).step for p in trace_files(save_path)]
     # What it left is temporary files only, which the next process writing there removes.
     assert all(name.startswith(TEMP_PREFIX) for name in temporaries(save_path))
+
+
+# --- Ctrl-C landing anywhere in a wait for the writer ---------------------------------------------
+
+_INTERRUPTED_FLUSHES = """
+import json, os, signal, sys, threading, time, torch, torchstep_prof as tsp
+tsp.configure(save_path=sys.argv[1], gzip=True, summary=False).__enter__()
+tsp.schedule(steps=[1]).__enter__()
+with tsp.profile_region("actor", "update", step=1):
+    x = torch.ones(4)
+    for _ in range(100000):
+        x = x.add(1)
+# The trace is being written in the background: interrupt tsp.flush() over and over (one
+# KeyboardInterrupt per call, raised wherever the signal lands inside it) until it returns.
+armed = False
+def on_sigint(signum, frame):
+    global armed
+    if armed:
+        armed = False
+        raise KeyboardInterrupt
+signal.signal(signal.SIGINT, on_sigint)
+done = False
+def fire():
+    while not done:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.0005)
+threading.Thread(target=fire, daemon=True).start()
+interrupts, errors = 0, []
+while True:
+    try:
+        armed = True
+        flushed = tsp.flush()
+        armed = False
+        if flushed:
+            break
+    except KeyboardInterrupt:
+        interrupts += 1
+    except Exception as exc:
+        armed = False
+        errors.append(repr(exc))
+done = True
+print(json.dumps({"interrupts": interrupts, "errors": errors[:3], "written": len(os.listdir(sys.argv[1]))}))
+"""
+
+
+@pytest.mark.parametrize("attempt", range(2))
+def test_ctrl_c_anywhere_in_a_wait_for_the_writer_is_a_keyboard_interrupt_and_the_trace_is_written(tmp_path, attempt):
+    # Condition.wait takes its lock back in a `finally`; a Ctrl-C landing there used to leave the
+    # writer's lock released under its `with`: "RuntimeError: release unlocked lock" instead of
+    # the KeyboardInterrupt (seen at exit with two Ctrl-Cs). Hundreds of interrupts, anywhere.
+    save_path = tmp_path / "profile"
+    result = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_FLUSHES, str(save_path)],
+        env=child_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["errors"] == [], outcome
+    assert outcome["interrupts"] > 50, outcome  # the write was long enough to be interrupted
+    assert outcome["written"] == 1, outcome
+    check_trace_file(trace_files(save_path)[0])

@@ -1,8 +1,5 @@
 """The process's background work (trace writes, finish hooks) and ``flush()``, which waits for it.
 
-Work this process does in the background (trace writes, finish hooks), and ``flush()``,
-which waits for it.
-
 The trace writer and the finish-hook runner register what a caller may have to wait for; the
 scope exit, the hook start, ``records()``, interpreter exit and the user (``tsp.flush()``) wait
 here, without knowing who registered what. No torch import: the command line may use it.
@@ -15,7 +12,7 @@ import threading
 import time
 from typing import Callable, Iterable, Optional
 
-__all__ = ["HOOKS", "WRITES", "add", "add_thread", "flush", "wait_for"]
+__all__ = ["HOOKS", "POLL_S", "WRITES", "add", "add_thread", "flush", "wait_for", "wait_for_event"]
 
 WRITES = "writes"
 """Pending trace writes (the writer waits for every trace ended so far)."""
@@ -28,6 +25,35 @@ limit); returns whether it is done."""
 
 _lock = threading.Lock()
 _work: list[tuple[str, Waiter]] = []
+
+
+POLL_S = 0.005
+"""How often a wait in the training thread looks again (see :func:`wait_for_event`)."""
+
+
+def wait_for_event(event: threading.Event, timeout: Optional[float] = None) -> bool:
+    """``event.wait(timeout)``, safe for a Ctrl-C to land anywhere in it.
+
+    ``Event.wait`` (``Condition.wait`` inside) takes its lock back in a ``finally``; a second
+    Ctrl-C arriving there leaves the lock released under its ``with``, and ``RuntimeError:
+    release unlocked lock`` replaces the KeyboardInterrupt. Polling the flag holds no lock
+    while it sleeps; it returns at most :data:`POLL_S` late.
+
+    >>> import threading
+    >>> done = threading.Event(); done.set()
+    >>> wait_for_event(done), wait_for_event(threading.Event(), timeout=0.01)
+    (True, False)
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not event.is_set():
+        if deadline is None:
+            time.sleep(POLL_S)
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, POLL_S))
+    return True
 
 
 def add(kind: str, wait: Waiter) -> Callable[[], None]:

@@ -13,6 +13,7 @@ with a status line, and Ctrl-C there kills their process groups.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -96,14 +97,15 @@ def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Call
     with _RUNS_LOCK:
         _RUNS[:] = [other for other in _RUNS if not other.done.is_set()]
         _RUNS.append(run)
-    unregister = background.add(background.HOOKS, run.done.wait)  # tsp.flush() waits for it
+    # tsp.flush() waits for it
+    unregister = background.add(background.HOOKS, functools.partial(background.wait_for_event, run.done))
     threading.Thread(target=on_its_thread, name="torchstep_prof-finish-hook", daemon=True).start()
     if hook.wait:
         try:
-            run.done.wait()
+            background.wait_for_event(run.done)
         except KeyboardInterrupt:
             interrupt.interrupt()
-            run.done.wait(timeout=5.0)  # let it record how the command ended
+            background.wait_for_event(run.done, timeout=5.0)  # let it record how the command ended
             raise
 
 
@@ -166,7 +168,7 @@ def wait_for_hooks(timeout: Optional[float] = None) -> bool:
     deadline = None if timeout is None else time.monotonic() + timeout
     for run in _running():
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not run.done.wait(remaining):
+        if not background.wait_for_event(run.done, remaining):
             return False
     return True
 

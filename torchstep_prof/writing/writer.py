@@ -203,14 +203,16 @@ class TraceWriter:
                     if self._done >= target:
                         return True
                     thread = self._thread
-                    if thread is not None and thread.is_alive():
-                        left = None if deadline is None else deadline - time.monotonic()
-                        if left is not None and left <= 0:
-                            return False
-                        # Short waits: a KeyboardInterrupt reaches the waiting thread promptly.
-                        self._changed.wait(0.1 if left is None else min(left, 0.1))
-                        continue
-                self._drain_here()  # the writer thread is gone: nobody else will write these
+                    alive = thread is not None and thread.is_alive()
+                if not alive:
+                    self._drain_here()  # the writer thread is gone: nobody else will write these
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                # Polled outside the lock, not Condition.wait: Ctrl-C may land anywhere here
+                # (see background.wait_for_event).
+                time.sleep(background.POLL_S if left is None else min(left, background.POLL_S))
         finally:
             if count:
                 STORE.add_costs(writer_wait_s=time.perf_counter() - t0)
