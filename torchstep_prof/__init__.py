@@ -97,9 +97,10 @@ def __dir__() -> list[str]:
 
 def _warm_up_for_the_environment() -> None:
     # With profiling switched on by TORCHSTEP_PROF_CONFIG / _OVERRIDES there may be no scope
-    # entered before step 1: pay torch.profiler's ~1 s first start now, at import, instead of
-    # inside the first profiled step. Only in a process that already imported torch (a training
-    # script; not the command line), and only on a rank the environment's config profiles. A bad
+    # entered before step 1: do now, at import, what entering a scope does (read the
+    # environment into the root frame, register the exit work, pay torch.profiler's ~1 s first
+    # start on a rank that may profile) instead of inside the first profiled step. Only in a
+    # process that already imported torch (a training script; not the command line). A bad
     # environment is reported later, where SPEC.md says: at the first scope or region.
     import sys
 
@@ -107,21 +108,15 @@ def _warm_up_for_the_environment() -> None:
 
     if "torch" not in sys.modules or not (_os.environ.get(ENV_CONFIG) or _os.environ.get(ENV_OVERRIDES)):
         return
-    from .config.model import ProfilerConfig
     from .engine import ENGINE
-    from .config.environment import read_environment
     from .errors import ConfigError
-    from .selection.rules import rank_selected
-    from .topology import current_topology
+    from .selection.frames import current_frame
 
     try:
-        config = read_environment().apply(ProfilerConfig())
+        frame = current_frame()  # outside every scope: the root frame, read from the environment
     except ConfigError:
         return
-    if config.enable and config.schedule is not None:
-        _load_every_name()
-        if rank_selected(config.ranks, config.all_ranks, current_topology().rank):
-            ENGINE.warm_up(config.contents)
+    ENGINE.prepare(frame)
 
 
 _warm_up_for_the_environment()
