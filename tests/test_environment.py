@@ -295,3 +295,32 @@ def test_an_environment_schedule_replaces_the_code_schedule_form(tmp_path: Path,
 def test_summary_disabled(value: str | None, disabled: bool) -> None:
     environ = {} if value is None else {ENV_SUMMARY: value}
     assert summary_disabled(environ) is disabled
+
+
+_ENVIRONMENT_HOOK_SCRIPT = """
+import sys, torch, torchstep_prof as tsp
+if sys.argv[1] == "region":
+    with tsp.step(1), tsp.profile_region("actor", "update"):
+        torch.ones(2).add(1)
+"""
+
+
+@pytest.mark.parametrize("used", ["region", "import-only"])
+def test_an_environment_hook_runs_at_exit_in_a_process_that_used_a_region_only(tmp_path: Path, used: str) -> None:
+    # The import prepares what it can for the environment's schedule; a hook set through the
+    # environment still belongs to a process that ran a scope or a region (an evaluation script
+    # run with the training job's exported variables runs none of it).
+    import subprocess
+    import sys
+
+    marker = tmp_path / "hook-ran"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
+    env["TORCHSTEP_PROF_OVERRIDES"] = (
+        f"schedule.steps=[1] save_path={tmp_path / 'profile'} summary=false "
+        f"finish_hook.cmd='touch {marker}'"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", _ENVIRONMENT_HOOK_SCRIPT, used], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert marker.exists() is (used == "region"), result.stderr

@@ -80,14 +80,16 @@ def _load_every_name() -> None:
     """Load every public name now, then drop ``__getattr__``: Python 3.11 specializes an
     attribute load on a module (``tsp.profile_region``, on every region) only when the module has
     no ``__getattr__``; with one, each load takes the generic path (~0.1 us, a tenth of what a
-    not-profiled region may cost). Called where profiling may happen (a schedule in force),
-    never by the command line."""
+    not-profiled region may cost). Called where regions may profile from then on (a scope with
+    a schedule entered, or the environment's schedule at import); the commands that read
+    traces never get there."""
     namespace = globals()
-    if "__getattr__" not in namespace:  # done already
+    load = namespace.get("__getattr__")  # taken once: another thread may drop it meanwhile
+    if load is None:  # done already
         return
     for name in _EXPORTS:
         if name not in namespace:
-            __getattr__(name)
+            load(name)
     namespace.pop("__getattr__", None)
 
 
@@ -97,26 +99,40 @@ def __dir__() -> list[str]:
 
 def _warm_up_for_the_environment() -> None:
     # With profiling switched on by TORCHSTEP_PROF_CONFIG / _OVERRIDES there may be no scope
-    # entered before step 1: do now, at import, what entering a scope does (read the
-    # environment into the root frame, register the exit work, pay torch.profiler's ~1 s first
-    # start on a rank that may profile) instead of inside the first profiled step. Only in a
+    # entered before step 1: do at import what entering a scope would (read the environment
+    # into the root frame, register the exit work, load the names, pay torch.profiler's ~1 s
+    # first start on a rank that may profile), not inside the first profiled step. Only in a
     # process that already imported torch (a training script; not the command line). A bad
-    # environment is reported later, where SPEC.md says: at the first scope or region.
+    # environment is reported later, where SPEC.md says: at the first scope or region. When the
+    # environment also sets a finish hook, its frame is read there too: that hook belongs to a
+    # process that ran a scope or a region, not to every one that imports the package.
     import sys
 
     from .config.variables import ENV_CONFIG, ENV_OVERRIDES
 
     if "torch" not in sys.modules or not (_os.environ.get(ENV_CONFIG) or _os.environ.get(ENV_OVERRIDES)):
         return
+    from .config.environment import read_environment
+    from .config.model import ProfilerConfig
     from .engine import ENGINE
     from .errors import ConfigError
     from .selection.frames import current_frame
+    from .selection.rules import rank_selected
+    from .topology import current_topology
 
     try:
-        frame = current_frame()  # outside every scope: the root frame, read from the environment
+        layer = read_environment()
+        config = layer.apply(ProfilerConfig())
     except ConfigError:
         return
-    ENGINE.prepare(frame)
+    if not config.enable or config.schedule is None:
+        return
+    if not layer.sets_finish_hook:
+        ENGINE.prepare(current_frame())  # outside every scope: the root frame
+        return
+    _load_every_name()
+    if rank_selected(config.ranks, config.all_ranks, current_topology().rank):
+        ENGINE.warm_up(config.contents)
 
 
 _warm_up_for_the_environment()

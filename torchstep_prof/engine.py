@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
+from . import background
 from .recording.foreign import foreign_profiler
 from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
 from .recording.range_names import range_name
@@ -67,7 +68,6 @@ _WRITER_LOCK = threading.Lock()  # makes the one writer (never held while it wri
 class Engine:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self._idle = threading.Condition(self.lock)  # notified when _busy clears
         self.session: Optional[TraceSession] = None  # the trace recording now, if any
         self._owner: Optional[_OwnedTrace] = None  # what stops it (interpreter exit may have to)
         # A thread is starting or stopping torch's profiler (under self.lock): Kineto crashes
@@ -186,16 +186,19 @@ class Engine:
             topology=current_topology(),
             hook_scope=frame.hook_scope,
         )
-        with self.lock:
+        while True:
+            with self.lock:
+                if not self._busy or self.session is not None:
+                    running = self.session
+                    if running is None:
+                        self._busy = True
+                        key = (role, stage, step)
+                        session.occurrence = self._occurrences[key] = self._occurrences.get(key, 0) + 1
+                    break
             # Another thread starting, stopping or warming up a profiler: wait for it (a few ms,
-            # ~1 s for a warm-up) rather than lose this selected step's trace.
-            while self._busy and self.session is None:
-                self._idle.wait()
-            running = self.session
-            if running is None:
-                self._busy = True
-                key = (role, stage, step)
-                session.occurrence = self._occurrences[key] = self._occurrences.get(key, 0) + 1
+            # ~1 s for a warm-up) rather than lose this selected step's trace. Polled outside the
+            # lock, not Condition.wait: a Ctrl-C may land anywhere (see background.wait_for_event).
+            time.sleep(background.POLL_S)
         if running is not None:  # another thread's trace is recording: be a range in it
             if role is None:
                 return None
@@ -235,7 +238,6 @@ class Engine:
                 # Regions nested here, in this thread (outside asyncio), need no counter and no
                 # checks.
                 NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
-            self._idle.notify_all()
         return owner
 
     def stop_session(self, session: TraceSession) -> None:
@@ -313,7 +315,6 @@ class Engine:
     def _set_idle(self) -> None:
         with self.lock:
             self._busy = False
-            self._idle.notify_all()
 
     def warm_up(self, contents: tuple[str, ...] = ()) -> None:
         """Pay torch.profiler's one-time start-up costs now, outside any step, instead of inside
@@ -349,11 +350,12 @@ class Engine:
     # --- scopes and the finish hook ----------------------------------------------------------
 
     def prepare(self, frame: Frame) -> None:
-        """A scope was entered: warm the profiler up if this rank may profile under it."""
+        """A scope was entered: register the exit work, load the package's names (regions may
+        profile from here on) and warm the profiler up if this rank may profile under it."""
         if frame.idle or self.forked:
             return
         self.ensure_atexit()
-        from . import _load_every_name  # regions may run from here on: make `tsp.<name>` cheap
+        from . import _load_every_name
 
         _load_every_name()
         if not self.warmed and frame.rank_selected():

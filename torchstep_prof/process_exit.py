@@ -106,6 +106,5 @@ def after_fork_in_child(engine: Engine) -> None:
     engine._busy = engine._stopping = False
     engine._deferred_finishes = []
     engine.lock = threading.Lock()
-    engine._idle = threading.Condition(engine.lock)
     if engine._writer is not None:
         engine._writer.forget_after_fork()

@@ -1,7 +1,7 @@
 """The names of the ``TORCHSTEP_PROF_*`` variables the environment's layer reads.
 
-The names of the ``TORCHSTEP_PROF_*`` variables the environment's layer reads: a leaf module,
-so the package's import can look at them without loading the configuration model."""
+A leaf module, so the package's import can look at them without loading the configuration
+model."""
 
 __all__ = ["ENV_CHILDREN", "ENV_CONFIG", "ENV_OVERRIDES", "ENV_OWNER", "ENV_SUMMARY"]
 

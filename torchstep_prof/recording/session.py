@@ -33,7 +33,7 @@ __all__ = ["NESTED_FAST_PATH", "TraceSession", "entered", "new_range", "profiler
 
 FUSED_STAGE = "train"
 FUSED_DEFAULT_ROLE = "main"
-_MAX_FUSED_ROLE = 100  # with a stage of at most 80 (naming.MAX_LABEL): under 255 bytes
+_MAX_FUSED_ROLE = 100  # with a stage of at most 80 (traces/names.py MAX_LABEL): under 255 bytes
 METADATA_KEY = "torchstep_prof"
 INTERRUPTED_STOP = "interrupted by Ctrl-C while torch stopped the profiler, which lost what it recorded"
 

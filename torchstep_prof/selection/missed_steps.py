@@ -1,7 +1,7 @@
 """Selected steps that never ran, per schedule scope, kept as ranges.
 
-Selected steps that never ran, per schedule scope: the steps a scope saw, kept as ranges,
-and at its end the selected ones it did not see, as ranges.
+The steps a scope saw are kept as ranges; at its end, the selected ones it did not see are
+reported, as ranges.
 
 A schedule scope is the frame that introduced a schedule: a scope whose effective schedule
 differs (by value) from its parent's, or the root frame with a schedule from the environment.

@@ -1,7 +1,7 @@
 """Steps begun with ``begin_step`` and not yet ended, and ending them.
 
-Steps begun with ``begin_step`` and not yet ended: per thread or task, and process-wide so
-that the exit of the scope they were begun under, or interpreter exit, ends those left open."""
+Kept per thread or task, and process-wide, so that the exit of the scope they were begun
+under, or interpreter exit, ends those left open."""
 
 from __future__ import annotations
 

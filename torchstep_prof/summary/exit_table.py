@@ -1,8 +1,8 @@
 """The table printed at interpreter exit: traces written, hook runs, profiling costs.
 
-The table printed at interpreter exit: the traces this process wrote (one line each), its hook
-runs, and what profiling cost. Rows come from :func:`torchstep_prof.summary.records`; rendering
-takes a ``Console`` so tests can pass a fixed-width one writing to a buffer."""
+One line per trace this process wrote, then its hook runs and what profiling cost. Rows come
+from ``records()`` (``summary/records.py``); rendering takes a ``Console`` so tests can pass a
+fixed-width one writing to a buffer."""
 
 from __future__ import annotations
 
