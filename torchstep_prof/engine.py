@@ -4,9 +4,9 @@ Exactly one profiler runs per process, owned by the outermost profiled block (a 
 discrete mode, a ``step`` block in fused mode). Everything entered while it records, in any
 thread or asyncio task, becomes a range in that trace. The engine is process-wide by nature
 (torch's profiler is), so its state sits on one object guarded by a lock; the scope stacks
-themselves live in context variables (:mod:`torchstep_prof.selection.frames`). What interpreter exit and a
-fork do to it is :mod:`torchstep_prof.process_exit`; the profiler's one-time warm-up is
-:mod:`torchstep_prof.recording.warm_up`.
+themselves live in context variables (:mod:`torchstep_prof.selection.frames`). What interpreter
+exit and a fork do to it is :mod:`torchstep_prof.process_exit`; the profiler's one-time warm-up
+is :mod:`torchstep_prof.recording.warm_up`.
 """
 
 from __future__ import annotations
