@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, TypeVar
 from . import engine as _engine
 from .selection import frames as _frames
 from .selection import open_blocks as _open_blocks
+from .on_demand import watcher as _watcher
 from ._wrapping import around_each_call
 from .recording.range_names import RANGE_NAMES as _RANGE_NAMES
 from .recording.range_names import range_name
@@ -61,6 +62,7 @@ CURRENT_STEP = _engine.CURRENT_STEP  # the step block in force: CURRENT_STEP.get
 _STACK = _frames._STACK  # the innermost scope frame: _STACK.get(_ROOT)
 _COUNTERS = ENGINE.counters  # role -> stage -> counter: read on every counted region
 _GROUPS = group_registry()  # its _default_pg: the group a frame's rank decision holds for
+_ON_DEMAND = _watcher.ON_DEMAND  # its .watcher: None unless a scope opted in to on-demand traces
 
 
 class _Region:
@@ -207,7 +209,7 @@ class step:
     ...         pass
     """
 
-    __slots__ = ("number", "frame", "action", "skip_frame", "_token", "_owned")
+    __slots__ = ("number", "frame", "action", "skip_frame", "_token", "_owned", "_frame_token")
 
     def __init__(self, number: int) -> None:
         if not isinstance(number, int) or isinstance(number, bool) or number < 0:
@@ -223,6 +225,13 @@ class step:
 
     def _begin(self) -> None:
         frame = current_frame()
+        self._frame_token = None
+        watcher = _ON_DEMAND.watcher
+        if watcher is not None:  # on-demand traces: a requested step profiles under its own frame
+            planned = watcher.at_step(frame, self.number)
+            if planned is not frame:
+                frame = planned
+                self._frame_token = _STACK.set(frame)  # regions inside decide under it
         self.frame = frame
         self._owned = None
         # Decided once per step: regions inside read it instead of re-deciding.
@@ -238,7 +247,18 @@ class step:
                 self._owned = ENGINE.enter_step(frame, self.number, self.action)
         except BaseException:  # KeyboardInterrupt while the profiler starts: nothing stays set
             CURRENT_STEP.reset(self._token)
+            self._pop_frame()
             raise
+
+    def _pop_frame(self) -> None:
+        # The frame an on-demand step pushed, if it is still innermost (a scope's exit may
+        # have reset the stack before it ends this step: then there is nothing to undo).
+        token, self._frame_token = self._frame_token, None
+        if token is not None and _STACK.get(None) is self.frame:
+            try:
+                _STACK.reset(token)
+            except ValueError:  # ended from another context
+                pass
 
     def _end(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # The block's exit; also end_step's, a scope's exit's and interpreter exit's for a begun step.
@@ -253,6 +273,8 @@ class step:
                 CURRENT_STEP.reset(self._token)
             except ValueError:  # ended from another context (its scope's exit, interpreter exit)
                 pass
+            if self._frame_token is not None:
+                self._pop_frame()
             if not self.frame.idle:
                 ENGINE.step_exited(self.frame, self.number)
 

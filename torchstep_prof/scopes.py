@@ -1,7 +1,7 @@
-"""Composable configuration scopes: schedule, ranks, contents, on_finish, configure.
+"""Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, configure.
 
 Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
-``configure()``.
+``on_demand()``, ``configure()``.
 
 Each scope pushes a frame (``selection/frames.py``) for its block and tells the engine it was entered
 (warm up) and exited (finish hooks, missed steps). Scopes are entered rarely, so they are
@@ -17,8 +17,9 @@ from typing import Any, Iterator, Optional, Sequence, Union, cast
 
 from ._wrapping import around_each_call
 from .config._scope_fields import evolve_checked
-from .config.model import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from .config.model import FinishHookConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
 from .engine import ENGINE
+from .on_demand import watcher as _watcher
 from .errors import ConfigError, Problem
 from .selection.frames import _STACK, current_frame, frame_for
 
@@ -26,6 +27,7 @@ __all__ = [
     "configure",
     "contents",
     "effective_config",
+    "on_demand",
     "on_finish",
     "ranks",
     "schedule",
@@ -87,7 +89,10 @@ def _pushed(fields: dict[str, Any] | ProfilerConfig) -> Iterator[ProfilerConfig]
     finally:
         _CODE_CONFIG.reset(code_token)
         _STACK.reset(frame_token)
-        ENGINE.scope_exited(frame, parent)
+        try:
+            ENGINE.scope_exited(frame, parent)
+        finally:
+            _watcher.scope_left(frame, parent)  # the scope that opted in stops the poll thread
 
 
 # The code's config at each depth, kept beside the frames so that the environment layer is
@@ -198,6 +203,23 @@ def on_finish(
     except ConfigError as exc:  # finish_hook.timeout_s, as the config file names it
         raise exc.under("finish_hook") from None
     return _Scope({"finish_hook": hook})
+
+
+def on_demand(
+    dir: Union[str, os.PathLike[str]], *, poll_s: float = 1.0
+) -> contextlib.AbstractContextManager[ProfilerConfig]:
+    """Serve on-demand trace requests (``torchstep-prof trigger DIR``) while this scope lasts: a
+    background thread polls ``dir`` every ``poll_s`` seconds and writes this rank's step there.
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.on_demand("/shared/job7/on_demand", poll_s=2):   # doctest: +SKIP
+    ...     train()
+    """
+    try:
+        config = OnDemandConfig(dir=dir, poll_s=poll_s)  # type: ignore[arg-type]
+    except ConfigError as exc:  # on_demand.poll_s, as the config file names it
+        raise exc.under("on_demand") from None
+    return _Scope({"on_demand": config})
 
 
 def configure(

@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--steps", metavar="LIST", type=_int_list("--steps"), help="steps to profile: 3,5 or 2-4")
     for name in ("skip-first", "wait", "warmup", "active", "repeat"):
         which.add_argument(f"--{name}", metavar="N", type=_int("--" + name), help=f"schedule.{name.replace('-', '_')}")
+    which.add_argument("--on-demand", metavar="DIR",
+                       help="also serve `torchstep-prof trigger DIR` requests (no --steps needed)")
     which.add_argument("--step-every", metavar="K", type=_int("--step-every"), default=1,
                        help="K optimizer steps make one step (gradient accumulation, several optimizers)")
     where = parser.add_argument_group("where and what")
@@ -131,6 +133,8 @@ def build_config(args: argparse.Namespace) -> Any:
         chosen.append(field("gzip", True))
     if args.on_finish is not None:
         chosen.append(field("finish_hook.cmd", args.on_finish))
+    if getattr(args, "on_demand", None) is not None:
+        chosen.append(field("on_demand.dir", args.on_demand))
     return apply_overrides(base, [*chosen, *args.overrides])
 
 
@@ -176,14 +180,14 @@ def run(args: argparse.Namespace) -> int:
         regions = [parse_region(text) for text in args.region]
     except ValueError as exc:
         parser.error(str(exc))
-    if effective.enable and effective.schedule is None:
+    if effective.enable and effective.schedule is None and effective.on_demand is None:
         if environment.config is not None:
             # The environment's file replaces the whole configuration, this command line's too.
             parser.error(f"no step is selected: {ENV_CONFIG}={environment.config_path} replaces this "
                          "command line's configuration (--steps and --config included) and has no "
                          f"schedule: add one to it, set {ENV_OVERRIDES}='schedule.steps=[...]', or unset {ENV_CONFIG}")
         parser.error("no step is selected: pass --steps LIST (or --wait/--warmup/--active/--repeat), "
-                     "a --config file with a schedule, or --set schedule.steps=[...]")
+                     "a --config file with a schedule, --set schedule.steps=[...], or --on-demand DIR")
     if effective.enable and effective.discrete and not regions:
         parser.error("--discrete writes one trace per region: name at least one --region CLASS")
     try:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 import attrs
 
-from .model import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from .model import FinishHookConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
 from ..errors import ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -33,11 +33,11 @@ __all__ = ["from_dict", "schema", "suggest", "to_dict"]
 
 C = TypeVar("C")
 
-_CONFIG_CLASSES = (ProfilerConfig, ScheduleConfig, FinishHookConfig)
+_CONFIG_CLASSES = (ProfilerConfig, ScheduleConfig, FinishHookConfig, OnDemandConfig)
 
 # A required field that is missing still gets a stand-in value, so that the class's validators
 # can report the *other* fields' problems in the same error ("every problem at once").
-_STAND_INS: dict[tuple[type, str], Any] = {(FinishHookConfig, "cmd"): "true"}
+_STAND_INS: dict[tuple[type, str], Any] = {(FinishHookConfig, "cmd"): "true", (OnDemandConfig, "dir"): "."}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

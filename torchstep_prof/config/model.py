@@ -16,7 +16,7 @@ import attrs
 from ..errors import ConfigError, Problem
 from ..traces.names import sanitize_label
 
-__all__ = ["CONTENT_NAMES", "FinishHookConfig", "ProfilerConfig", "ScheduleConfig"]
+__all__ = ["CONTENT_NAMES", "FinishHookConfig", "OnDemandConfig", "ProfilerConfig", "ScheduleConfig"]
 
 CONTENT_NAMES: tuple[str, ...] = ("cpu", "cuda", "memory", "shapes", "stack", "flops", "modules")
 """What a trace can hold, as named in ``contents``."""
@@ -249,6 +249,22 @@ def _check_command(cmd: Any) -> list[Problem]:
     return [Problem("cmd", f"must be a string or a list of strings (got {cmd!r})")]
 
 
+@attrs.frozen(kw_only=True)
+class OnDemandConfig:
+    """Opt in to on-demand traces: a thread polls ``dir`` every ``poll_s`` seconds for a request
+    written by ``torchstep-prof trigger DIR`` (and writes this rank's current step there).
+
+    >>> OnDemandConfig(dir="/shared/job7/on_demand", poll_s=2).poll_s
+    2
+    """
+
+    dir: str = attrs.field(converter=_path_text)
+    poll_s: float = 1.0
+
+    def __attrs_post_init__(self) -> None:
+        _raise_if(_validate(self, {"dir": _save_path, "poll_s": _seconds(allow_zero=False)}))
+
+
 def _check_contents(key: str, value: Any) -> list[Problem]:
     if not isinstance(value, tuple):
         return [Problem(key, f"must be a list of names from {', '.join(CONTENT_NAMES)} (got {value!r})")]
@@ -289,6 +305,7 @@ class ProfilerConfig:
     contents: Tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     schedule: Optional[ScheduleConfig] = None
     finish_hook: Optional[FinishHookConfig] = None
+    on_demand: Optional[OnDemandConfig] = None
 
     def __attrs_post_init__(self) -> None:
         problems = _validate(
@@ -305,7 +322,8 @@ class ProfilerConfig:
                 "contents": _check_contents,
             },
         )
-        for name, cls in (("schedule", ScheduleConfig), ("finish_hook", FinishHookConfig)):
+        for name, cls in (("schedule", ScheduleConfig), ("finish_hook", FinishHookConfig),
+                          ("on_demand", OnDemandConfig)):
             value = getattr(self, name)
             if value is not None and not isinstance(value, cls):
                 problems.append(Problem(name, f"must be a {cls.__name__} or null (got {value!r})"))

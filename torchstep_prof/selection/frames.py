@@ -23,7 +23,10 @@ from ..topology import current_topology, default_group
 if TYPE_CHECKING:
     from .missed_steps import ScheduleScope
 
-__all__ = ["Frame", "HookScope", "current_frame", "env_hook_scope", "frame_if_read", "when_env_sets_a_hook"]
+__all__ = [
+    "Frame", "HookScope", "current_frame", "env_hook_scope", "frame_if_read", "when_a_frame_opts_in",
+    "when_env_sets_a_hook",
+]  # fmt: skip
 
 # Called when the environment sets a finish hook: the engine registers its at-exit work there, so
 # a hook set only through the environment runs at interpreter exit at the latest, even with no trace.
@@ -33,6 +36,16 @@ _ON_ENV_HOOK: list[Callable[[], None]] = []
 def when_env_sets_a_hook(callback: Callable[[], None]) -> None:
     """Call ``callback`` each time a frame takes the environment's finish hook."""
     _ON_ENV_HOOK.append(callback)
+
+
+# Called with each new frame whose config sets ``on_demand``: on_demand/watcher.py starts its
+# poll thread there (it registers itself; this module may not import it: it imports frames).
+_ON_DEMAND_FRAMES: list[Callable[[Frame], None]] = []
+
+
+def when_a_frame_opts_in(callback: Callable[[Frame], None]) -> None:
+    """Call ``callback(frame)`` for each frame made with an ``on_demand`` section."""
+    _ON_DEMAND_FRAMES.append(callback)
 
 
 class HookScope:
@@ -277,4 +290,7 @@ def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: b
     from .missed_steps import ScheduleScope
 
     frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)
+    if config.on_demand is not None:
+        for callback in _ON_DEMAND_FRAMES:
+            callback(frame)
     return frame

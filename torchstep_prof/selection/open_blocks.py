@@ -58,7 +58,8 @@ def end_under(frame: Any) -> None:
     if not _OPEN:
         return
     with _LOCK:
-        left = [block for block in _OPEN if block.frame is frame]
+        # An on-demand step's frame is made over the scope's (its ``base``): it ends here too.
+        left = [block for block in _OPEN if block.frame is frame or getattr(block.frame, "base", None) is frame]
     for block in left:
         if claim(block):
             block._end(*sys.exc_info())

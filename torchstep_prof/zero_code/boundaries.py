@@ -23,6 +23,7 @@ from torch.nn.modules import module as _module_hooks
 from torch.optim import optimizer as _optimizer_hooks
 
 from ..errors import TorchstepProfWarning, warn
+from ..on_demand.watcher import ON_DEMAND as _ON_DEMAND
 from ..summary.records import STORE
 from ..regions import profile_region, step
 from ..selection.frames import Frame
@@ -141,8 +142,10 @@ class StepDriver:
         self.calls += 1
         if self.calls % self.step_every:
             return  # inside a --step-every group: not a boundary
-        if self._open_step is None and self.armed is None:
-            following = self.calls // self.step_every + 1
+        following = self.calls // self.step_every + 1
+        watcher = _ON_DEMAND.watcher  # on-demand traces: the watcher notes the step (its status)
+        requested = watcher is not None and watcher.wants(following)
+        if self._open_step is None and self.armed is None and not requested:
             if self.frame.action(following) is StepAction.NONE:
                 return  # the common case, not profiling: one counter, one check
         self._guarded(self._boundary)
@@ -151,15 +154,22 @@ class StepDriver:
         if self._open_step is not None:
             self._end_step()
         ended = self.calls // self.step_every
-        if self._last is not None and ended >= self._last:
+        if self._last is not None and ended >= self._last and _ON_DEMAND.watcher is None:
             return  # the schedule is over: nothing more to arm
         self._arm(ended + 1)
 
     def _arm(self, number: int) -> None:
-        if self.frame.action(number) is StepAction.NONE:
+        if self.frame.action(number) is StepAction.NONE and not self._requested(number):
             return
         self.armed = number
         self._set_module_hooks(pre=True, post=bool(self.regions))
+
+    @staticmethod
+    def _requested(number: int) -> bool:
+        """Whether an on-demand request names step ``number``."""
+        watcher = _ON_DEMAND.watcher
+        plan = watcher.plan if watcher is not None else None
+        return plan is not None and number in plan.steps
 
     def _start_armed(self) -> None:
         number, self.armed = self.armed, None

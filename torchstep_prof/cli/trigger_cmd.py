@@ -1,0 +1,154 @@
+"""``torchstep-prof trigger``: ask a running job for traces of its next steps, or show its status.
+
+    torchstep-prof trigger /shared/job7/od --next 2 --align 10
+    torchstep-prof trigger /shared/job7/od --next 1 --ranks 1 --contents cpu,shapes
+    torchstep-prof trigger /shared/job7/od --status
+
+The job must poll DIR (``on_demand: {dir: DIR}``, ``tsp.on_demand(DIR)``, ``torchstep-prof run
+--on-demand DIR``). The steps are chosen here, from the ranks' status files, and written into
+the request as absolute step numbers, so every rank profiles the same ones. No torch here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+__all__ = ["register"]
+
+_EPILOG = """\
+The first step is the first multiple of --align past the highest step any rank can reach
+before it reads the request (its last reported step plus its step rate times the age of its
+status file and two of its polls); --at STEP names the first step instead. Exit codes: 0 the
+request was written (or the status shown), 1 no rank polls DIR, 2 a usage error.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``trigger`` subcommand."""
+    from .run_cmd import _int, _int_list
+
+    parser = subparsers.add_parser(
+        "trigger",
+        help="ask a running job (on_demand.dir=DIR) for traces of its next steps; --status shows its ranks",
+        description="Write an on-demand request into DIR: every rank of the job profiles the same steps.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("dir", metavar="DIR", help="the job's on_demand.dir")
+    parser.add_argument("--status", action="store_true", help="show each rank's step and the requests it served")
+    parser.add_argument("--next", metavar="N", type=_int("--next"), default=1, help="how many steps (default 1)")
+    parser.add_argument("--align", metavar="K", type=_int("--align"), default=1,
+                        help="the first step is a multiple of K (default 1)")
+    parser.add_argument("--at", metavar="STEP", type=_int("--at"), help="the first step, instead of the rule")
+    who = parser.add_mutually_exclusive_group()
+    who.add_argument("--ranks", metavar="LIST", type=_int_list("--ranks"), help="global ranks that profile")
+    who.add_argument("--all-ranks", action="store_true", help="every rank profiles (the default)")
+    parser.add_argument("--contents", metavar="LIST", help="cpu,cuda,memory,shapes,stack,flops,modules "
+                                                          "(default: the job's)")
+    parser.add_argument("--discrete", action="store_true", help="one trace per region instead of one per step")
+    parser.set_defaults(func=trigger, trigger_parser=parser)
+
+
+def trigger(args: argparse.Namespace) -> int:
+    from ..on_demand.status import read_statuses
+
+    parser: argparse.ArgumentParser = args.trigger_parser
+    folder = os.path.abspath(args.dir)
+    statuses, bad = read_statuses(folder)
+    for line in bad:
+        print(f"torchstep-prof trigger: skipped {line}", file=sys.stderr)
+    if args.status:
+        _show_status(folder, statuses)
+        return 0
+    for option in ("next", "align"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option}: must be >= 1 (got {getattr(args, option)})")
+    if args.at is not None and args.at < 0:
+        parser.error(f"--at: must be >= 0 (got {args.at})")
+    contents = None
+    if args.contents is not None:
+        from ..config.model import CONTENT_NAMES
+
+        contents = [c.strip() for c in args.contents.split(",") if c.strip()]
+        wrong = [c for c in contents if c not in CONTENT_NAMES]
+        if wrong:
+            parser.error(f"--contents: {', '.join(map(repr, wrong))} not among {', '.join(CONTENT_NAMES)}")
+    running = [s for s in statuses if s.running]
+    if not running and args.at is None:
+        what = "every rank that polled it has stopped" if statuses else "no rank polls it (no status-rank*.json)"
+        print(f"torchstep-prof trigger: {folder}: {what}; start the job with on_demand.dir={folder} "
+              "(or pass --at STEP to write a request anyway)", file=sys.stderr)
+        return 1
+    return _write(args, folder, running, contents)
+
+
+def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: Any) -> int:
+    from ..on_demand.planning import choose_steps
+    from ..on_demand.request import Request, new_id, write_request
+
+    rule: dict[str, Any]
+    if args.at is not None:
+        steps = tuple(range(args.at, args.at + args.next))
+        rule = {"at": args.at}
+    else:
+        plan = choose_steps(running, time.time(), args.next, args.align)
+        steps, rule = plan.steps, plan.rule()
+    rule.update(next=args.next, align=args.align)
+    request = Request(
+        id=new_id(),
+        steps=steps,
+        ranks=tuple(args.ranks) if args.ranks is not None else None,
+        all_ranks=args.ranks is None,
+        contents=tuple(contents) if contents is not None else None,
+        discrete=True if args.discrete else None,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        rule=rule,
+    )
+    path = write_request(folder, request)
+    shown = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
+    who = "every rank" if args.ranks is None else "rank(s) " + ",".join(map(str, args.ranks))
+    print(f"request {request.id}: step(s) {shown} on {who}; written to {path}")
+    if "highest_reachable_step" in rule:
+        print(f"  (highest step a rank can reach before it reads it: {rule['highest_reachable_step']}; "
+              f"fastest rank {rule['fastest_steps_per_s']:g} steps/s)")
+    return 0
+
+
+def _show_status(folder: str, statuses: list[Any]) -> None:
+    from ..on_demand.request import REQUEST_FILE, read_request
+    from ..errors import ConfigError
+
+    now = time.time()
+    print(f"{folder}: {len(statuses)} rank(s)")
+    if statuses:
+        print(f"{'rank':<6}{'step':>8}{'age s':>8}{'steps/s':>9}  {'state':<8}requests served")
+    for s in statuses:
+        rank = f"{s.rank}" + (f" {s.role}" if s.role else "")
+        step = "-" if s.step is None else str(s.step)
+        rate = "-" if s.rate is None else f"{s.rate:.1f}"
+        served = "; ".join(f"{e.get('id')} {_steps(e.get('steps'))}: {e.get('outcome')}" for e in s.served[-5:]) or "none"
+        more = f" (+{len(s.served) - 5} earlier)" if len(s.served) > 5 else ""
+        state = "running" if s.running else "stopped"
+        print(f"{rank:<6}{step:>8}{max(0.0, now - s.time):>8.1f}{rate:>9}  {state:<8}{served}{more}")
+    path = os.path.join(folder, REQUEST_FILE)
+    if os.path.exists(path):
+        try:
+            request = read_request(path)
+        except (ConfigError, OSError) as exc:
+            print(f"request file {path}: malformed ({exc})")
+        else:
+            waiting = [str(s.rank) for s in statuses if s.running and request.id not in s.served_ids()]
+            tail = f"; not read yet by rank(s) {','.join(waiting)}" if waiting else ""
+            print(f"latest request: {request.id} {_steps(list(request.steps))}{tail}")
+
+
+def _steps(steps: Any) -> str:
+    if not isinstance(steps, list) or not steps:
+        return "steps ?"
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    return f"steps {steps[0]}-{steps[-1]}" if steps == list(range(steps[0], steps[-1] + 1)) else f"steps {steps}"
