@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, TypeVar
 from . import engine as _engine
 from .selection import frames as _frames
 from .selection import open_blocks as _open_blocks
-from .on_demand import watcher as _watcher
+from .triggers import watcher as _watcher
 from ._wrapping import around_each_call
 from .recording.range_names import RANGE_NAMES as _RANGE_NAMES
 from .recording.range_names import range_name

@@ -19,7 +19,7 @@ from ._wrapping import around_each_call
 from .config._scope_fields import evolve_checked
 from .config.model import FinishHookConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
 from .engine import ENGINE
-from .on_demand import watcher as _watcher
+from .triggers import watcher as _watcher
 from .errors import ConfigError, Problem
 from .selection.frames import _STACK, current_frame, frame_for
 

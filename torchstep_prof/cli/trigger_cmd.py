@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def trigger(args: argparse.Namespace) -> int:
-    from ..on_demand.status import read_statuses
+    from ..triggers.status import read_statuses
 
     parser: argparse.ArgumentParser = args.trigger_parser
     folder = os.path.abspath(args.dir)
@@ -87,8 +87,8 @@ def trigger(args: argparse.Namespace) -> int:
 
 
 def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: Any) -> int:
-    from ..on_demand.planning import choose_steps
-    from ..on_demand.request import Request, new_id, write_request
+    from ..triggers.planning import choose_steps
+    from ..triggers.request import Request, new_id, write_request
 
     rule: dict[str, Any]
     if args.at is not None:
@@ -119,7 +119,7 @@ def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: 
 
 
 def _show_status(folder: str, statuses: list[Any]) -> None:
-    from ..on_demand.request import REQUEST_FILE, read_request
+    from ..triggers.request import REQUEST_FILE, read_request
     from ..errors import ConfigError
 
     now = time.time()

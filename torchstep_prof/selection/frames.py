@@ -38,7 +38,7 @@ def when_env_sets_a_hook(callback: Callable[[], None]) -> None:
     _ON_ENV_HOOK.append(callback)
 
 
-# Called with each new frame whose config sets ``on_demand``: on_demand/watcher.py starts its
+# Called with each new frame whose config sets ``on_demand``: triggers/watcher.py starts its
 # poll thread there (it registers itself; this module may not import it: it imports frames).
 _ON_DEMAND_FRAMES: list[Callable[[Frame], None]] = []
 

@@ -23,7 +23,7 @@ from torch.nn.modules import module as _module_hooks
 from torch.optim import optimizer as _optimizer_hooks
 
 from ..errors import TorchstepProfWarning, warn
-from ..on_demand.watcher import ON_DEMAND as _ON_DEMAND
+from ..triggers.watcher import ON_DEMAND as _ON_DEMAND
 from ..summary.records import STORE
 from ..regions import profile_region, step
 from ..selection.frames import Frame

@@ -1,0 +1,207 @@
+"""On-demand traces of a running job (README "On-demand traces of a running job"): real jobs
+(a 2-rank torchrun, a ``torchstep-prof run``), real ``torchstep-prof trigger`` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+
+from dist_helpers import WORKERS, _kill, worker_env
+from torchstep_prof import parse_trace_name
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+WAIT_S = 240.0  # generous: a loaded 2-core machine
+
+
+def start(cmd: list[str], log: Path, env: Optional[dict[str, str]] = None) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=worker_env(env), cwd=log.parent,
+                                start_new_session=True)
+
+
+def statuses(od: Path) -> dict[int, dict]:
+    found = {}
+    for path in od.glob("status-rank*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # never half-written (a rename), but be patient with a vanished one
+        found[data["rank"]] = data
+    return found
+
+
+def wait_for(what: str, ready: Callable[[], bool], job: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not ready():
+        if job.poll() is not None and not ready():
+            raise AssertionError(f"the job ended (exit {job.returncode}) before {what}:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            _kill([job])
+            raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+def trigger(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torchstep_prof", "trigger", *args], capture_output=True,
+                          text=True, env=worker_env(), timeout=120)
+
+
+def served(od: Path, request_id: str, ranks: int) -> bool:
+    """Every rank has finished serving the request (its outcome is no longer pending)."""
+    found = statuses(od)
+    outcomes = [e["outcome"] for s in found.values() for e in s["served"] if e["id"] == request_id]
+    return len(found) == ranks and len(outcomes) == ranks and "pending" not in outcomes
+
+
+def steps_by_rank(folder: Path) -> dict[int, list[int]]:
+    """Each rank's traced steps, from the file names, checked against the trace's own metadata."""
+    found: dict[int, list[int]] = {}
+    for path in sorted(folder.glob("*.json")):
+        name = parse_trace_name(path)
+        meta = json.loads(path.read_text())["torchstep_prof"]
+        assert (meta["step"], meta["rank"]) == (name.step, name.rank), path
+        found.setdefault(name.rank, []).append(name.step)
+    return {rank: sorted(steps) for rank, steps in found.items()}
+
+
+def request_of(result: subprocess.CompletedProcess[str], od: Path) -> dict:
+    assert result.returncode == 0, result.stderr
+    request = json.loads((od / "request.json").read_text())
+    assert request["id"] in result.stdout
+    return request
+
+
+@pytest.mark.parametrize("loop", ["step", "begin"])
+def test_two_ranks_profile_the_same_triggered_steps_and_only_the_chosen_ranks(tmp_path, loop):
+    od = tmp_path / "od"
+    log = tmp_path / "torchrun.log"
+    job = start([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                 str(WORKERS / "on_demand_worker.py"), str(tmp_path), "80", loop], log)
+    try:
+        wait_for("both ranks at step 15", lambda: all(
+            (s.get("step") or 0) >= 15 for s in statuses(od).values()) and len(statuses(od)) == 2, job, log)
+        first = request_of(trigger(str(od), "--next", "2", "--align", "10"), od)
+        s1 = first["steps"][0]
+        assert first["steps"] == [s1, s1 + 1] and s1 % 10 == 0 and s1 > 15
+        wait_for(f"both ranks served {first['id']}", lambda: served(od, first["id"], 2), job, log)
+
+        second = request_of(trigger(str(od), "--next", "2", "--align", "10", "--ranks", "1"), od)
+        s2 = second["steps"][0]
+        assert s2 % 10 == 0 and s2 > s1 + 1
+        wait_for(f"both ranks served {second['id']}", lambda: served(od, second["id"], 2), job, log)
+        shown = trigger(str(od), "--status")
+        job.wait(timeout=WAIT_S)
+    finally:
+        _kill([job])
+    assert job.returncode == 0, log.read_text()
+    assert steps_by_rank(tmp_path / "traces") == {0: [s1, s1 + 1], 1: [s1, s1 + 1, s2, s2 + 1]}
+    outcomes = {rank: {e["id"]: e["outcome"] for e in s["served"]} for rank, s in statuses(od).items()}
+    assert outcomes[0] == {first["id"]: f"profiled {s1}-{s1 + 1}", second["id"]: "not selected (--ranks)"}
+    assert outcomes[1] == {first["id"]: f"profiled {s1}-{s1 + 1}", second["id"]: f"profiled {s2}-{s2 + 1}"}
+    # --status: each rank's step and the requests it served, while the job ran.
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"{od}: 2 rank(s)"
+    for rank in (0, 1):
+        row = next(line for line in lines if line.split()[:1] == [str(rank)])
+        assert int(row.split()[1]) >= s2 and first["id"] in row and second["id"] in row
+    # The configured finish hook ran after each request's steps, on the ranks that profiled,
+    # handed that request's traces (as a schedule's hook is).
+    runs = (tmp_path / "hook_runs.txt").read_text().split("\n")
+    handed = {(int(line.split(" ")[0]), tuple(parse_trace_name(t).step for t in line.split(" ")[1].split(",")))
+              for line in runs if line.strip() and line.split(" ")[1:] != [""]}
+    assert handed == {(0, (s1, s1 + 1)), (1, (s1, s1 + 1)), (1, (s2, s2 + 1))}
+
+
+def test_torchstep_prof_run_serves_a_request_at_optimizer_steps(tmp_path):
+    od = tmp_path / "od"
+    log = tmp_path / "run.log"
+    job = start([sys.executable, "-m", "torchstep_prof", "run", "--on-demand", str(od), "--save-path",
+                 str(tmp_path / "traces"), str(SCRIPTS / "optimizer_loop.py"), "80"], log)
+    try:
+        wait_for("step 10", lambda: (statuses(od).get(0, {}).get("step") or 0) >= 10, job, log)
+        request = request_of(trigger(str(od), "--next", "2", "--align", "5"), od)
+        wait_for(f"{request['id']} served", lambda: served(od, request["id"], 1), job, log)
+        job.wait(timeout=WAIT_S)
+    finally:
+        _kill([job])
+    assert job.returncode == 0, log.read_text()
+    s = request["steps"][0]
+    assert s % 5 == 0
+    assert steps_by_rank(tmp_path / "traces") == {0: [s, s + 1]}
+    # A fused trace of an optimizer step holds that step's forward, backward and update.
+    names = {e.get("name", "") for e in json.loads(next((tmp_path / "traces").glob("*.json")).read_text())["traceEvents"]}
+    assert any(n.startswith("Optimizer.step") for n in names)
+
+
+def test_missed_served_once_malformed_and_status(tmp_path):
+    """One job (a single process, 120 steps): a malformed request is a warning naming the file
+    and key and training goes on; a request for steps already past is reported as missed (summary,
+    warning), not moved; a request is served once, even by a poll thread started again."""
+    od = tmp_path / "od"
+    log = tmp_path / "job.log"
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import sys, time\nimport torchstep_prof as tsp\n"
+        f"for phase in (1, 2):\n"
+        f"    with tsp.configure(save_path={str(tmp_path / 'traces')!r}), tsp.on_demand({str(od)!r}, poll_s=0.1):\n"
+        "        for n in range(1, 61):\n"
+        "            with tsp.step(n):\n"
+        "                time.sleep(0.03)\n"
+        "    print('phase', phase, 'done', flush=True)\n"
+    )
+    job = start([sys.executable, str(script)], log)
+    try:
+        wait_for("step 10", lambda: (statuses(od).get(0, {}).get("step") or 0) >= 10, job, log)
+        (od / "request.json").write_text(json.dumps({"id": "bad1", "steps": [40, "x"], "rank": [0]}))
+        missed = request_of(trigger(str(od), "--at", "2", "--next", "2"), od)
+        wait_for("the missed request served", lambda: served(od, missed["id"], 1), job, log)
+        wait_for("phase 1 over", lambda: "phase 1 done" in log.read_text(), job, log)
+        job.wait(timeout=WAIT_S)
+    finally:
+        _kill([job])
+    output = log.read_text()
+    assert job.returncode == 0, output
+    assert f"{od / 'request.json'} is malformed (steps[1]: must be an integer >= 0 (got 'x'); rank: unknown key" in output
+    served_list = statuses(od)[0]["served"]
+    # Served once: phase 2's poll thread found the request file still there and left it alone.
+    assert [(e["id"], e["outcome"]) for e in served_list] == [(missed["id"], "missed 2-3")]
+    assert f"on-demand request {missed['id']}: step(s) 2-3 not profiled (this rank was at step" in output
+    assert "steps 2-3 never ran" in output  # the summary's missed-steps row
+    assert not (tmp_path / "traces").exists() or not list((tmp_path / "traces").glob("*.json"))
+    shown = trigger(str(od), "--status")
+    assert shown.returncode == 0
+    assert f"{missed['id']} steps 2-3: missed 2-3" in shown.stdout and "stopped" in shown.stdout
+
+
+def test_trigger_without_a_job_and_bad_options(tmp_path):
+    result = trigger(str(tmp_path), "--next", "2")
+    assert result.returncode == 1
+    assert "no rank polls it (no status-rank*.json)" in result.stderr
+    assert not (tmp_path / "request.json").exists()
+    for args, message in ((["--next", "0"], "--next: must be >= 1 (got 0)"),
+                          (["--contents", "cpu,gpu"], "--contents: 'gpu' not among"),
+                          (["--ranks", "1", "--all-ranks"], "not allowed with argument")):
+        result = trigger(str(tmp_path), *args)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+    written = trigger(str(tmp_path), "--at", "7", "--next", "3", "--ranks", "0,2", "--contents", "cpu,shapes", "--discrete")
+    assert written.returncode == 0, written.stderr
+    request = json.loads((tmp_path / "request.json").read_text())
+    assert (request["steps"], request["ranks"], request["all_ranks"], request["contents"], request["discrete"]) == (
+        [7, 8, 9], [0, 2], False, ["cpu", "shapes"], True)
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]  # write + rename left nothing
+
+
+def test_the_trigger_command_never_imports_torch(tmp_path):
+    code = ("import sys; from torchstep_prof.cli import main; "
+            f"main(['trigger', {str(tmp_path)!r}, '--at', '3']); main(['trigger', {str(tmp_path)!r}, '--status']); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=worker_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
