@@ -12,11 +12,11 @@ from hypothesis import given, settings
 
 import torchstep_prof
 from strategies import configs, finish_hooks, schedules
-from torchstep_prof.config.model import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from torchstep_prof.config.model import FinishHookConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
 from torchstep_prof.config.converter import _converter, from_dict, schema, to_dict
 from torchstep_prof.errors import ConfigError
 
-ALL_TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook"
+ALL_TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand"
 SCHEDULE_KEYS = "steps, skip_first, wait, warmup, active, repeat"
 HOOK_KEYS = "cmd, ranks, all_ranks, per_node, node_wait_s, timeout_s, relocate, wait"
 CONTENTS = "cpu, cuda, memory, shapes, stack, flops, modules"
@@ -60,7 +60,9 @@ def test_to_dict_keeps_none_and_every_key() -> None:
         "contents": [],
         "schedule": None,
         "finish_hook": None,
+        "on_demand": None,
     }
+    assert to_dict(OnDemandConfig(dir="/d")) == {"dir": "/d", "poll_s": 1.0}
     hook = to_dict(FinishHookConfig(cmd=("echo", "hi")))
     assert hook["cmd"] == ["echo", "hi"] and hook["timeout_s"] is None and hook["relocate"] == []
 
@@ -127,6 +129,10 @@ BAD_DICTS = [
     ({"bogus": 1}, [f"bogus: unknown key (allowed: {ALL_TOP_KEYS})"]),
     ({1: 2}, [f"1: unknown key (allowed: {ALL_TOP_KEYS})"]),
     ({"schedule": {"wait": -1}}, ["schedule.wait: must be >= 0 (got -1)"]),
+    ({"on_demand": {"poll_s": 0}}, ["on_demand.dir: required", "on_demand.poll_s: must be > 0 (got 0)"]),
+    ({"on_demand": {"dir": "a\nb", "every": 1}}, ["on_demand.dir: must not hold '\\n' (got 'a\\nb'; allowed: a path "
+                                                  "without '\"', '\\' or control characters)",
+                                                  "on_demand.every: unknown key (allowed: dir, poll_s)"]),
     ({"schedule": {"active": 0}}, ["schedule.active: must be >= 1 (got 0)"]),
     ({"schedule": {"repeat": "1"}}, ["schedule.repeat: must be an integer (got '1')"]),
     ({"schedule": {"skip_first": 1.5}}, ["schedule.skip_first: must be an integer (got 1.5)"]),

@@ -18,6 +18,7 @@ the request are reported (a missed-steps row in the summary, a warning), never r
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import socket
 import threading
@@ -32,8 +33,8 @@ from ..errors import ConfigError, TorchstepProfWarning, warn
 from ..selection.frames import Frame, HookScope, frame_if_read, when_a_frame_opts_in
 from ..selection.rules import rank_selected
 from ..topology import current_topology
-from .request import REQUEST_FILE, Request, read_request, write_json_atomically
-from .status import MAX_SERVED, RankStatus, read_status, status_path
+from .request import REQUEST_FILE, Request, read_request
+from .status import MAX_SERVED, read_status, status_path
 
 __all__ = ["ON_DEMAND", "Plan", "TriggeredFrame", "Watcher", "scope_left", "watch"]
 
@@ -177,6 +178,7 @@ class Watcher:
         self._served_ids: set[str] = set()
         self._request_seen: Any = None  # (inode, mtime, size) of the request file last read
         self._warned: set[str] = set()
+        self._pid, self._host = os.getpid(), socket.gethostname()
         self._thread = threading.Thread(target=self._run, name="torchstep_prof-on-demand", daemon=True)
 
     # --- the training thread --------------------------------------------------------------
@@ -285,14 +287,19 @@ class Watcher:
         self._served_ids = status.served_ids()
 
     def _write_status(self, running: bool = True) -> None:
+        # Every poll, so kept cheap (a dict, compact JSON, a fixed temporary name): the poll
+        # thread takes the GIL from the training thread while it runs.
         path, role = self._status_path()
-        status = RankStatus(
-            path=path, rank=current_topology().rank, role=role, pid=os.getpid(), host=socket.gethostname(),
-            step=self.step, time=time.time(), rate=self._rate(), poll_s=self.config.poll_s,
-            served=tuple(self._served), running=running,
-        )
+        status = {
+            "rank": current_topology().rank, "role": role, "pid": self._pid, "host": self._host,
+            "step": self.step, "time": time.time(), "rate": self._rate(), "poll_s": self.config.poll_s,
+            "served": self._served, "running": running,
+        }  # fmt: skip
+        temporary = path + ".tmp"  # not a status-rank*.json: readers never see it
         try:
-            write_json_atomically(path, status.to_json())
+            with open(temporary, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(status))
+            os.replace(temporary, path)
         except OSError as exc:
             self._warn_once(f"write-{path}", f"torchstep_prof: on-demand status {path} cannot be written ({exc})")
 
