@@ -205,3 +205,71 @@ def test_the_trigger_command_never_imports_torch(tmp_path):
             "assert 'torch' not in sys.modules, 'torch imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=worker_env(), timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_lightning_callback_serves_a_request(tmp_path):
+    pytest.importorskip("lightning.pytorch", reason="lightning is not installed (pip install torchstep_prof[lightning])")
+    od = tmp_path / "od"
+    # Written before the job starts (--at needs no running rank): read at the poll thread's first poll.
+    request = request_of(trigger(str(od), "--at", "8", "--next", "2"), od)
+    script = tmp_path / "fit.py"
+    script.write_text(
+        "import time, torch\nimport lightning.pytorch as pl\n"
+        "from torchstep_prof.integrations.lightning import TorchstepProfCallback\n"
+        "class Tiny(pl.LightningModule):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.layer = torch.nn.Linear(8, 1)\n"
+        "    def training_step(self, batch, batch_idx):\n        time.sleep(0.05)\n"
+        "        return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])\n"
+        "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.01)\n"
+        "data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))\n"
+        f"callback = TorchstepProfCallback(save_path={str(tmp_path / 'traces')!r}, "
+        f"on_demand={{'dir': {str(od)!r}, 'poll_s': 0.05}})\n"
+        "trainer = pl.Trainer(max_steps=14, accelerator='cpu', devices=1, logger=False, enable_checkpointing=False,\n"
+        "                     enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])\n"
+        "trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=4))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=worker_env(),
+                          cwd=tmp_path, timeout=WAIT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert steps_by_rank(tmp_path / "traces") == {0: [8, 9]}, done.stderr
+    assert [e["outcome"] for e in statuses(od)[0]["served"] if e["id"] == request["id"]] == ["profiled 8-9"]
+
+
+def test_the_environment_opts_in_and_a_request_sets_discrete_and_contents(tmp_path):
+    """TORCHSTEP_PROF_OVERRIDES='on_demand.dir=...' and a loop with no scope at all; the request
+    asks for one trace per region, with shapes, on rank 0."""
+    od = tmp_path / "od"
+    request = request_of(trigger(str(od), "--at", "12", "--discrete", "--contents", "cpu,shapes", "--ranks", "0"), od)
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import time, torch\nimport torchstep_prof as tsp\nx = torch.randn(16, 16)\n"
+        "for n in range(1, 41):\n"
+        "    with tsp.step(n):\n"
+        "        with tsp.profile_region('actor', 'forward'):\n            y = x @ x\n"
+        "        with tsp.profile_region('critic', 'update'):\n            y = torch.tanh(x)\n"
+        "        time.sleep(0.04)\n"
+    )
+    env = worker_env({"TORCHSTEP_PROF_OVERRIDES": f"on_demand.dir={od} on_demand.poll_s=0.05 "
+                                                  f"save_path={tmp_path / 'traces'}"})
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=WAIT_S)
+    assert done.returncode == 0, done.stderr
+    names = sorted((parse_trace_name(p).role, parse_trace_name(p).stage, parse_trace_name(p).step)
+                   for p in (tmp_path / "traces").glob("*.json"))
+    assert names == [("actor", "forward", 12), ("critic", "update", 12)], done.stderr
+    trace = json.loads(next((tmp_path / "traces").glob("actor_forward_*.json")).read_text())
+    assert trace["torchstep_prof"]["discrete"] is True
+    assert any("Input Dims" in e.get("args", {}) for e in trace["traceEvents"] if str(e.get("name", "")).startswith("aten::"))
+    assert [e["outcome"] for e in statuses(od)[0]["served"] if e["id"] == request["id"]] == ["profiled 12"]
+
+
+def test_bad_on_demand_settings_are_config_errors():
+    import torchstep_prof as tsp
+
+    with pytest.raises(tsp.ConfigError) as caught:
+        tsp.on_demand("", poll_s=-1)
+    assert str(caught.value).splitlines()[1:] == [
+        "  on_demand.dir: must be a non-empty string (got '')",
+        "  on_demand.poll_s: must be > 0 (got -1)",
+    ]
+    with pytest.raises(tsp.ConfigError, match=r"on_demand\.poll_s: must be a number of seconds \(got 'fast'\)"):
+        tsp.configure(on_demand={"dir": "/tmp/x", "poll_s": "fast"})

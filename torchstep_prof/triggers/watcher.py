@@ -189,7 +189,14 @@ class Watcher:
         plan = self.plan
         if plan is None:
             return frame
-        return plan.at_step(frame, number)
+        try:
+            return plan.at_step(frame, number)
+        except Exception as exc:  # profiling never raises into training: drop the request
+            self.plan = None
+            plan.entry["outcome"] = f"failed: {exc!r}"
+            self._warn_once(f"failed-{plan.request.id}", f"torchstep_prof: on-demand request {plan.request.id} "
+                                                         f"dropped ({exc!r}); training goes on")
+            return frame
 
     def wants(self, number: int) -> bool:
         """Whether a plan names step ``number`` (``torchstep-prof run`` arms such a step), noting
