@@ -59,6 +59,7 @@ class TriggeredFrame(Frame):
     (a scope's exit ends a ``begin_step`` step begun under it, triggered or not)."""
 
     __slots__ = ("base",)
+    base: Frame
 
 
 def _ranges(steps: Any) -> list[tuple[int, int]]:
@@ -158,7 +159,8 @@ class Plan:
         line = (f"on-demand request {self.request.id}: step(s) {_shown(missed)} not profiled ({where}); "
                 "trigger again with a larger --align or at a later --at step")
         ENGINE.ensure_atexit()
-        STORE.add_missed_steps(_ranges(missed))
+        # A line of its own, not the missed-steps row: that one says the steps never ran, and
+        # these did, unprofiled, before this rank read the request.
         STORE.add_attention(f"on-demand-{self.request.id}", line)
         warn(f"torchstep_prof: {line}", TorchstepProfWarning, stacklevel=2)
 
