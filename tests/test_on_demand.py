@@ -274,3 +274,54 @@ def test_bad_on_demand_settings_are_config_errors():
     ]
     with pytest.raises(tsp.ConfigError, match=r"on_demand\.poll_s: must be a number of seconds \(got 'fast'\)"):
         tsp.configure(on_demand={"dir": "/tmp/x", "poll_s": "fast"})
+
+
+def test_the_hugging_face_callback_serves_a_request(tmp_path):
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install torchstep_prof[transformers])")
+    od = tmp_path / "od"
+    request = request_of(trigger(str(od), "--at", "8", "--next", "2"), od)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import time, torch\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments\n"
+        "from torchstep_prof.integrations.transformers import TorchstepProfCallback\n"
+        "class Tokens(torch.utils.data.Dataset):\n"
+        "    def __len__(self):\n        return 64\n"
+        "    def __getitem__(self, i):\n        ids = torch.arange(8) + i\n"
+        "        return {'input_ids': ids % 50, 'labels': ids % 50}\n"
+        "class Slow(TrainerCallback):\n"
+        "    def on_step_end(self, *args, **kwargs):\n        time.sleep(0.05)\n"
+        "model = GPT2LMHeadModel(GPT2Config(vocab_size=50, bos_token_id=0, eos_token_id=0, n_positions=16, "
+        "n_embd=16, n_layer=1, n_head=2))\n"
+        f"args = TrainingArguments(output_dir={str(tmp_path / 'hf')!r}, per_device_train_batch_size=2, max_steps=14,\n"
+        "    logging_strategy='no', save_strategy='no', report_to=[], use_cpu=True, dataloader_num_workers=0,\n"
+        "    disable_tqdm=True)\n"
+        f"callback = TorchstepProfCallback(save_path={str(tmp_path / 'traces')!r}, "
+        f"on_demand={{'dir': {str(od)!r}, 'poll_s': 0.05}})\n"
+        "Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[callback, Slow()]).train()\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=worker_env(),
+                          cwd=tmp_path, timeout=WAIT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert steps_by_rank(tmp_path / "traces") == {0: [8, 9]}, done.stderr
+    assert [e["outcome"] for e in statuses(od)[0]["served"] if e["id"] == request["id"]] == ["profiled 8-9"]
+
+
+def test_a_stale_or_stopped_status_is_left_out(tmp_path):
+    """A rank that died without saying so (its status not written for minutes) would push the
+    request far ahead (rate x age): it is left out; stopped ranks too."""
+    now = time.time()
+    fresh = {"rank": 0, "step": 40, "time": now, "rate": 10.0, "poll_s": 1.0, "served": [], "running": True}
+    dead = dict(fresh, rank=1, step=30, time=now - 3600)
+    stopped = dict(fresh, rank=2, step=9000, running=False)
+    for data in (fresh, dead, stopped):
+        (tmp_path / f"status-rank{data['rank']}.json").write_text(json.dumps(data))
+    result = trigger(str(tmp_path), "--next", "2", "--align", "10")
+    request = request_of(result, tmp_path)
+    # rank 0: 40 + ceil(10 steps/s x (age ~0 + 2 polls of 1 s)) = 60 at least: the next multiple of 10
+    assert request["steps"][0] in (70, 80) and request["steps"] == [request["steps"][0], request["steps"][0] + 1]
+    assert f"ignored {tmp_path / 'status-rank1.json'}: not written for 3600 s" in result.stderr
+    shown = trigger(str(tmp_path), "--status").stdout
+    assert [line.split()[:2] + line.split()[4:5] for line in shown.splitlines()[2:5]] == [
+        ["0", "40", "running"], ["1", "30", "stale"], ["2", "9000", "stopped"]]
+    assert f"latest request: {request['id']}" in shown and "not read yet by rank(s) 0\n" in shown

@@ -22,8 +22,9 @@ __all__ = ["register"]
 _EPILOG = """\
 The first step is the first multiple of --align past the highest step any rank can reach
 before it reads the request (its last reported step plus its step rate times the age of its
-status file and two of its polls); --at STEP names the first step instead. Exit codes: 0 the
-request was written (or the status shown), 1 no rank polls DIR, 2 a usage error.
+status file and two of its polls); --at STEP names the first step instead. A status not
+written for over a minute (and 10 polls) is left out. Exit codes: 0 the request was written
+(or the status shown), 1 no running rank polls DIR, 2 a usage error.
 """
 
 
@@ -77,9 +78,14 @@ def trigger(args: argparse.Namespace) -> int:
         wrong = [c for c in contents if c not in CONTENT_NAMES]
         if wrong:
             parser.error(f"--contents: {', '.join(map(repr, wrong))} not among {', '.join(CONTENT_NAMES)}")
-    running = [s for s in statuses if s.running]
+    now = time.time()
+    running = [s for s in statuses if s.running and not _stale(s, now)]
+    for s in statuses:
+        if s.running and _stale(s, now):
+            print(f"torchstep-prof trigger: ignored {s.path}: not written for {now - s.time:.0f} s "
+                  "(a rank that died, or a job that ended without saying so)", file=sys.stderr)
     if not running and args.at is None:
-        what = "every rank that polled it has stopped" if statuses else "no rank polls it (no status-rank*.json)"
+        what = "no running rank polls it" if statuses else "no rank polls it (no status-rank*.json)"
         print(f"torchstep-prof trigger: {folder}: {what}; start the job with on_demand.dir={folder} "
               "(or pass --at STEP to write a request anyway)", file=sys.stderr)
         return 1
@@ -118,6 +124,15 @@ def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: 
     return 0
 
 
+def _stale(status: Any, now: float) -> bool:
+    """A running rank's status not written for many of its polls: its step would push every
+    request far into the future (its rate times that age), so it is left out."""
+    return now - status.time > max(_STALE_S, 10 * status.poll_s)
+
+
+_STALE_S = 60.0
+
+
 def _show_status(folder: str, statuses: list[Any]) -> None:
     from ..triggers.request import REQUEST_FILE, read_request
     from ..errors import ConfigError
@@ -130,9 +145,10 @@ def _show_status(folder: str, statuses: list[Any]) -> None:
         rank = f"{s.rank}" + (f" {s.role}" if s.role else "")
         step = "-" if s.step is None else str(s.step)
         rate = "-" if s.rate is None else f"{s.rate:.1f}"
-        served = "; ".join(f"{e.get('id')} {_steps(e.get('steps'))}: {e.get('outcome')}" for e in s.served[-5:]) or "none"
+        served = "; ".join(f"{e.get('id')} {_steps(e.get('steps'))}: {e.get('outcome')}"
+                           for e in s.served[-5:]) or "none"
         more = f" (+{len(s.served) - 5} earlier)" if len(s.served) > 5 else ""
-        state = "running" if s.running else "stopped"
+        state = ("stale" if _stale(s, now) else "running") if s.running else "stopped"
         print(f"{rank:<6}{step:>8}{max(0.0, now - s.time):>8.1f}{rate:>9}  {state:<8}{served}{more}")
     path = os.path.join(folder, REQUEST_FILE)
     if os.path.exists(path):
@@ -141,7 +157,8 @@ def _show_status(folder: str, statuses: list[Any]) -> None:
         except (ConfigError, OSError) as exc:
             print(f"request file {path}: malformed ({exc})")
         else:
-            waiting = [str(s.rank) for s in statuses if s.running and request.id not in s.served_ids()]
+            waiting = [str(s.rank) for s in statuses
+                       if s.running and not _stale(s, now) and request.id not in s.served_ids()]
             tail = f"; not read yet by rank(s) {','.join(waiting)}" if waiting else ""
             print(f"latest request: {request.id} {_steps(list(request.steps))}{tail}")
 

@@ -1,4 +1,4 @@
-"""On-demand traces of a running job: ``torchstep-prof trigger`` asks, a poll thread in each rank serves (``on_demand``).
+"""On-demand traces of a running job (``on_demand``): ``torchstep-prof trigger`` asks, each rank serves.
 
 ``request`` and ``status`` are the files in the trigger directory (no torch: the command line
 reads and writes them); ``planning`` turns the ranks' status into the absolute steps of a
