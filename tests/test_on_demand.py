@@ -123,8 +123,8 @@ def test_two_ranks_profile_the_same_triggered_steps_and_only_the_chosen_ranks(tm
 def test_torchstep_prof_run_serves_a_request_at_optimizer_steps(tmp_path):
     od = tmp_path / "od"
     log = tmp_path / "run.log"
-    job = start([sys.executable, "-m", "torchstep_prof", "run", "--on-demand", str(od), "--save-path",
-                 str(tmp_path / "traces"), str(SCRIPTS / "optimizer_loop.py"), "80"], log)
+    job = start([sys.executable, "-m", "torchstep_prof", "run", "--on-demand", str(od), "--set", "on_demand.poll_s=0.2",
+                 "--save-path", str(tmp_path / "traces"), str(SCRIPTS / "optimizer_loop.py"), "80"], log)
     try:
         wait_for("step 10", lambda: (statuses(od).get(0, {}).get("step") or 0) >= 10, job, log)
         request = request_of(trigger(str(od), "--next", "2", "--align", "5"), od)
@@ -325,3 +325,14 @@ def test_a_stale_or_stopped_status_is_left_out(tmp_path):
     assert [line.split()[:2] + line.split()[4:5] for line in shown.splitlines()[2:5]] == [
         ["0", "40", "running"], ["1", "30", "stale"], ["2", "9000", "stopped"]]
     assert f"latest request: {request['id']}" in shown and "not read yet by rank(s) 0\n" in shown
+
+
+def test_no_step_rate_yet_writes_nothing(tmp_path):
+    """The rule needs a step rate: a job whose ranks report none yet (their first polls) is
+    waited for a few polls, then the command says so and writes nothing."""
+    status = {"rank": 0, "step": 3, "time": time.time(), "rate": None, "poll_s": 0.1, "served": [], "running": True}
+    (tmp_path / "status-rank0.json").write_text(json.dumps(status))
+    result = trigger(str(tmp_path), "--next", "2")
+    assert result.returncode == 1
+    assert "no rank has reported its step rate yet" in result.stderr and "--at STEP" in result.stderr
+    assert not (tmp_path / "request.json").exists()

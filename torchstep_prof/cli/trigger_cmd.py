@@ -23,7 +23,8 @@ _EPILOG = """\
 The first step is the first multiple of --align past the highest step any rank can reach
 before it reads the request (its last reported step plus its step rate times the age of its
 status file and two of its polls); --at STEP names the first step instead. A status not
-written for over a minute (and 10 polls) is left out. Exit codes: 0 the request was written
+written for over a minute (and 10 polls) is left out; a rank with no step rate yet is
+waited for (three of its polls at most). Exit codes: 0 the request was written
 (or the status shown), 1 no running rank polls DIR, 2 a usage error.
 """
 
@@ -89,7 +90,27 @@ def trigger(args: argparse.Namespace) -> int:
         print(f"torchstep-prof trigger: {folder}: {what}; start the job with on_demand.dir={folder} "
               "(or pass --at STEP to write a request anyway)", file=sys.stderr)
         return 1
+    if args.at is None:
+        running = _with_rates(folder, running)
+        if not any(s.rate is not None for s in running):
+            print(f"torchstep-prof trigger: {folder}: no rank has reported its step rate yet (it takes two "
+                  "polls after its first step); try again, or pass --at STEP", file=sys.stderr)
+            return 1
     return _write(args, folder, running, contents)
+
+
+def _with_rates(folder: str, running: list[Any]) -> list[Any]:
+    """The running ranks' statuses once each reports a step rate (the rule needs it), waiting
+    up to three of their polls for it; a rank still without one is then taken to be as fast
+    as the fastest (planning.py)."""
+    from ..triggers.status import read_statuses
+
+    deadline = time.monotonic() + 3 * max(s.poll_s for s in running) + 1.0
+    while any(s.rate is None for s in running) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = time.time()
+        running = [s for s in read_statuses(folder)[0] if s.running and not _stale(s, now)] or running
+    return running
 
 
 def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: Any) -> int:

@@ -1,18 +1,14 @@
-"""The job's side of on-demand traces: the poll thread, and the plan a step boundary reads.
+"""The job's side of on-demand traces: the poll thread, and what a step boundary reads of it.
 
 A job that opts in (``on_demand: {dir: ...}``) gets one daemon thread per process. Every
 ``poll_s`` it writes this rank's status (status.py) and reads the request file (request.py);
-a new, valid request becomes the process-wide :class:`Plan` in ``ON_DEMAND.watcher.plan``. The
+a new, valid request becomes the process-wide plan (plan.py) in ``ON_DEMAND.watcher.plan``. The
 training thread does the least it can: a step boundary stores its step number on the watcher
-and reads ``plan`` (``None`` almost always). On a planned step it profiles under a frame made
-once per plan from the frame in force there (the job's save path, hook and names), with the
-request's steps, ranks, contents and discrete; the block pushes that frame, so regions inside
-decide under it as under any schedule. The triggered steps' finish hook is a hook scope of the
-plan's own: it runs after the plan's last step, once per request.
+and reads ``plan`` (``None`` almost always); on a planned step the block pushes the plan's
+frame, so regions inside decide under it as under any schedule.
 
 A request is served once: its id goes into the rank's status file when it is read, and a
-restarted poll thread reads the ids back. Steps of a plan that a rank had passed when it read
-the request are reported (a missed-steps row in the summary, a warning), never replaced.
+restarted poll thread reads the ids back.
 """
 
 from __future__ import annotations
@@ -26,17 +22,16 @@ import time
 from collections import deque
 from typing import Any, Optional
 
-import attrs
 
-from ..config.model import OnDemandConfig, ScheduleConfig
+from ..config.model import OnDemandConfig
 from ..errors import ConfigError, TorchstepProfWarning, warn
-from ..selection.frames import Frame, HookScope, frame_if_read, when_a_frame_opts_in
-from ..selection.rules import rank_selected
+from ..selection.frames import Frame, frame_if_read, when_a_frame_opts_in
 from ..topology import current_topology
-from .request import REQUEST_FILE, Request, read_request
+from .plan import Plan
+from .request import REQUEST_FILE, read_request
 from .status import MAX_SERVED, read_status, status_path
 
-__all__ = ["ON_DEMAND", "Plan", "TriggeredFrame", "Watcher", "scope_left", "watch"]
+__all__ = ["ON_DEMAND", "Watcher", "scope_left", "watch"]
 
 
 class _State:
@@ -52,117 +47,6 @@ class _State:
 ON_DEMAND = _State()
 _LOCK = threading.Lock()
 _RATE_SAMPLES = 20  # polls the step rate is measured over
-
-
-class TriggeredFrame(Frame):
-    """The frame a planned step profiles under: ``base`` is the frame in force at that step
-    (a scope's exit ends a ``begin_step`` step begun under it, triggered or not)."""
-
-    __slots__ = ("base",)
-    base: Frame
-
-
-def _ranges(steps: Any) -> list[tuple[int, int]]:
-    ranges: list[tuple[int, int]] = []
-    for n in sorted(steps):
-        if ranges and n == ranges[-1][1] + 1:
-            ranges[-1] = (ranges[-1][0], n)
-        else:
-            ranges.append((n, n))
-    return ranges
-
-
-def _shown(steps: Any) -> str:
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in _ranges(steps))
-
-
-class Plan:
-    """One request being served: its steps, which of them this rank began, and the frame they
-    profile under (made at the first step boundary after the request arrived)."""
-
-    def __init__(self, watcher: Watcher, request: Request, at_step: Optional[int], entry: dict[str, Any]) -> None:
-        self.watcher = watcher
-        self.entry = entry  # this request's line in the status file: its outcome is kept there
-        self.request = request
-        self.steps = frozenset(request.steps)
-        self.last = max(request.steps)
-        self.at_step_read = at_step  # this rank's step when the request was read
-        self.seen: set[int] = set()
-        self._lock = threading.Lock()
-        self._base: Optional[Frame] = None
-        self._frame: Optional[TriggeredFrame] = None
-
-    def frame_over(self, base: Frame) -> TriggeredFrame:
-        """The frame of this plan's steps under ``base`` (one per plan and base: the steps of
-        one request share its hook scope)."""
-        with self._lock:
-            frame = self._frame
-            if frame is not None and self._base is base:
-                return frame
-            request = self.request
-            config = attrs.evolve(
-                base.config,
-                schedule=ScheduleConfig(steps=request.steps),
-                ranks=request.ranks if request.ranks is not None else base.config.ranks,
-                all_ranks=request.all_ranks,
-                contents=request.contents if request.contents is not None else base.config.contents,
-                discrete=bool(request.discrete),
-            )
-            hook_scope = HookScope(config, None) if config.finish_hook is not None else None
-            frame = TriggeredFrame(config, hook_scope)
-            frame.base = base
-            self._base, self._frame = base, frame
-            return frame
-
-    def at_step(self, frame: Frame, number: int) -> Frame:
-        """Step ``number`` begins under ``frame``: the plan's frame for a planned step."""
-        if number in self.steps:
-            self.seen.add(number)
-            return self.frame_over(frame)
-        if number > self.last:
-            self.retire()
-        elif self._frame is None and not frame.disabled:
-            # Before the first planned step: pay the profiler's warm-up here, not inside it.
-            from ..engine import ENGINE
-
-            ENGINE.prepare(self.frame_over(frame))
-        return frame
-
-    def retire(self, ending: bool = False) -> None:
-        """The plan is over (a later step began, or the job ends): report the steps missed."""
-        watcher = self.watcher
-        if watcher.plan is not self:
-            return
-        watcher.plan = None
-        missed = sorted(self.steps - self.seen)
-        frame = self._frame
-        request = self.request
-        if not rank_selected(request.ranks or (), request.all_ranks, current_topology().rank):
-            self.entry["outcome"] = "not selected (--ranks)"
-        elif missed:
-            self._report_missed(missed, ending)
-        else:
-            self.entry["outcome"] = f"profiled {_shown(self.steps)}"
-        if frame is not None and frame.hook_scope is not None and not frame.hook_scope.finished:
-            from ..engine import ENGINE
-
-            ENGINE.finish(frame.hook_scope, frame.config)  # as a schedule's scope exit would
-
-    def _report_missed(self, missed: list[int], ending: bool) -> None:
-        from ..engine import ENGINE
-        from ..summary.records import STORE
-
-        profiled = sorted(self.seen & self.steps)
-        self.entry["outcome"] = (f"profiled {_shown(profiled)}, " if profiled else "") + f"missed {_shown(missed)}"
-        where = ("the job ended first" if ending and self.at_step_read is not None and max(missed) > self.at_step_read
-                 else f"this rank was at step {self.at_step_read} when it read the request")
-        line = (f"on-demand request {self.request.id}: step(s) {_shown(missed)} not profiled ({where}); "
-                "trigger again with a larger --align or at a later --at step")
-        ENGINE.ensure_atexit()
-        # A line of its own, not the missed-steps row: that one says the steps never ran, and
-        # these did, unprofiled, before this rank read the request.
-        STORE.add_attention(f"on-demand-{self.request.id}", line)
-        warn(f"torchstep_prof: {line}", TorchstepProfWarning, stacklevel=2)
 
 
 class Watcher:
