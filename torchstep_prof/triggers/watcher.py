@@ -46,7 +46,7 @@ class _State:
 
 ON_DEMAND = _State()
 _LOCK = threading.Lock()
-_RATE_SAMPLES = 20  # polls the step rate is measured over
+_RATE_SAMPLES = 6  # the step rate is measured over the last few polls: it follows a job that speeds up
 
 
 class Watcher:
