@@ -325,6 +325,9 @@ def test_a_stale_or_stopped_status_is_left_out(tmp_path):
     assert [line.split()[:2] + line.split()[4:5] for line in shown.splitlines()[2:5]] == [
         ["0", "40", "running"], ["1", "30", "stale"], ["2", "9000", "stopped"]]
     assert f"latest request: {request['id']}" in shown and "not read yet by rank(s) 0\n" in shown
+    again = trigger(str(tmp_path), "--at", "200")
+    assert again.returncode == 0
+    assert f"replacing request {request['id']}, which rank(s) 0 had not read yet" in again.stderr
 
 
 def test_no_step_rate_yet_writes_nothing(tmp_path):

@@ -135,6 +135,7 @@ def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: 
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         rule=rule,
     )
+    _note_unread(folder, running)
     path = write_request(folder, request)
     shown = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
     who = "every rank" if args.ranks is None else "rank(s) " + ",".join(map(str, args.ranks))
@@ -143,6 +144,21 @@ def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: 
         print(f"  (highest step a rank can reach before it reads it: {rule['highest_reachable_step']}; "
               f"fastest rank {rule['fastest_steps_per_s']:g} steps/s)")
     return 0
+
+
+def _note_unread(folder: str, running: list[Any]) -> None:
+    """Say so when the request being replaced was never read by some running rank."""
+    from ..errors import ConfigError
+    from ..triggers.request import REQUEST_FILE, read_request
+
+    try:
+        previous = read_request(os.path.join(folder, REQUEST_FILE))
+    except (ConfigError, OSError):
+        return
+    unread = [str(s.rank) for s in running if previous.id not in s.served_ids()]
+    if unread:
+        print(f"torchstep-prof trigger: replacing request {previous.id}, which rank(s) {','.join(unread)} "
+              "had not read yet (they will not serve it)", file=sys.stderr)
 
 
 def _stale(status: Any, now: float) -> bool:

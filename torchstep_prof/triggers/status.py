@@ -48,12 +48,6 @@ class RankStatus:
     served: tuple[dict[str, Any], ...] = ()
     running: bool = True
 
-    def to_json(self) -> dict[str, Any]:
-        data = attrs.asdict(self)
-        data.pop("path")
-        data["served"] = list(self.served)
-        return data
-
     @classmethod
     def from_json(cls, path: str, data: Any) -> RankStatus:
         """A status from a decoded file; ``ValueError`` for one that is not a status."""
