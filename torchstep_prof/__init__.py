@@ -31,6 +31,8 @@ _EXPORTS = {
     "FinishHookWarning": "errors",
     "ForeignProfilerWarning": "errors",
     "HookRecord": "summary.records",
+    "MetricsConfig": "config.model",
+    "MetricsWarning": "errors",
     "ProfilerConfig": "config.model",
     "ProfilerStartWarning": "errors",
     "ProfilingCosts": "summary.records",
@@ -52,6 +54,7 @@ _EXPORTS = {
     "flush": "background",
     "from_dict": "config.converter",
     "load_config": "config.files",
+    "metrics": "scopes",
     "on_finish": "scopes",
     "parse_trace_name": "traces.names",
     "print_summary": "summary.exit_table",
@@ -138,7 +141,7 @@ def _warm_up_for_the_environment() -> None:
 _warm_up_for_the_environment()
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from .config.model import CONTENT_NAMES, FinishHookConfig, ProfilerConfig, ScheduleConfig
+    from .config.model import CONTENT_NAMES, FinishHookConfig, MetricsConfig, ProfilerConfig, ScheduleConfig
     from .background import flush
     from .config.files import dump_config, load_config
     from .config.converter import from_dict, to_dict
@@ -146,6 +149,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         ConfigError,
         FinishHookWarning,
         ForeignProfilerWarning,
+        MetricsWarning,
         ProfilerStartWarning,
         TorchstepProfError,
         TorchstepProfWarning,
@@ -155,5 +159,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .config.overrides import apply_overrides
     from .summary.records import HookRecord, ProfilingCosts, ProfilingRecords, TraceRecord, records
     from .regions import begin_step, end_step, profile_region, profiled, step
-    from .scopes import configure, contents, effective_config, on_finish, ranks, schedule
+    from .scopes import configure, contents, effective_config, metrics, on_finish, ranks, schedule
     from .summary.exit_table import print_summary

@@ -234,7 +234,8 @@ class Engine:
         with self.lock:
             # Published only once torch's profiler runs: a region that sees it may open a range.
             self.session, self._owner, self._busy = session, owner, False
-            if role is not None and CURRENT_STEP.get(None) is not None and session.owner_task is None:
+            if role is not None and CURRENT_STEP.get(None) is not None and session.owner_task is None \
+                    and frame.metrics is None:  # a timed region is never a bare range
                 # Regions nested here, in this thread (outside asyncio), need no counter and no
                 # checks.
                 NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread

@@ -1,4 +1,4 @@
-"""Composable configuration scopes: schedule, ranks, contents, on_finish, configure.
+"""Composable configuration scopes: schedule, ranks, contents, on_finish, metrics, configure.
 
 Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
 ``configure()``.
@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional, Sequence, Union, cast
 
 from ._wrapping import around_each_call
 from .config._scope_fields import evolve_checked
-from .config.model import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from .config.model import DEFAULT_BUCKETS, FinishHookConfig, MetricsConfig, ProfilerConfig, ScheduleConfig
 from .engine import ENGINE
 from .errors import ConfigError, Problem
 from .selection.frames import _STACK, current_frame, frame_for
@@ -26,6 +26,7 @@ __all__ = [
     "configure",
     "contents",
     "effective_config",
+    "metrics",
     "on_finish",
     "ranks",
     "schedule",
@@ -198,6 +199,29 @@ def on_finish(
     except ConfigError as exc:  # finish_hook.timeout_s, as the config file names it
         raise exc.under("finish_hook") from None
     return _Scope({"finish_hook": hook})
+
+
+def metrics(
+    port: int = 9400,
+    *,
+    addr: str = "0.0.0.0",
+    buckets: Sequence[float] = DEFAULT_BUCKETS,
+    enable: bool = True,
+) -> contextlib.AbstractContextManager[ProfilerConfig]:
+    """Time every region and step for Prometheus, profiled or not, served at
+    ``http://<addr>:<port + LOCAL_RANK>/metrics`` (one endpoint per process, from the first
+    scope that turns metrics on; needs the ``[metrics]`` extra).
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.metrics(port=9400):             # doctest: +SKIP
+    ...     with tsp.step(1), tsp.profile_region("actor", "update"):
+    ...         pass
+    """
+    try:
+        config = MetricsConfig(port=port, addr=addr, buckets=tuple(buckets) if isinstance(buckets, (list, tuple)) else buckets, enable=enable)
+    except ConfigError as exc:  # metrics.port, as the config file names it
+        raise exc.under("metrics") from None
+    return _Scope({"metrics": config})
 
 
 def configure(

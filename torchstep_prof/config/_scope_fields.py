@@ -6,11 +6,11 @@ from typing import Any, Mapping, Optional
 
 import attrs
 
-from .model import FinishHookConfig, ProfilerConfig, ScheduleConfig
+from .model import FinishHookConfig, MetricsConfig, ProfilerConfig, ScheduleConfig
 from ..errors import ConfigError, Problem
 
 _FIELD_NAMES = tuple(a.name for a in attrs.fields(ProfilerConfig))
-_SECTIONS = {"schedule": ScheduleConfig, "finish_hook": FinishHookConfig}
+_SECTIONS = {"schedule": ScheduleConfig, "finish_hook": FinishHookConfig, "metrics": MetricsConfig}
 
 
 def evolve_checked(
