@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-from . import recorder
+from .recorder import BOUNDS, STEP_KEY, snapshot
 from ..topology import current_topology
 
 __all__ = ["PREFIX", "RegionCollector"]
@@ -36,7 +36,7 @@ class RegionCollector:
 
     def collect(self) -> Iterator[Any]:
         place = self._place()
-        bounds = list(recorder.BOUNDS)
+        bounds = list(BOUNDS)
         regions = HistogramMetricFamily(
             f"{PREFIX}_region_seconds", "Wall time of torchstep_prof regions (role/stage), profiled or not",
             labels=["role", "stage", *_PLACE],
@@ -44,9 +44,9 @@ class RegionCollector:
         steps = HistogramMetricFamily(
             f"{PREFIX}_step_seconds", "Wall time of torchstep_prof step blocks", labels=list(_PLACE)
         )
-        for (role, stage), stats in sorted(recorder.snapshot().items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
+        for (role, stage), stats in sorted(snapshot().items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
             buckets = _cumulative(bounds, stats.counts)
-            if role is recorder.STEP_KEY:
+            if role is STEP_KEY:
                 steps.add_metric(place, buckets, sum_value=stats.sum_s)
             else:
                 regions.add_metric([role, stage, *place], buckets, sum_value=stats.sum_s)

@@ -8,14 +8,15 @@ the processes of one node never ask for the same port. Anything that goes wrong 
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..config.model import MetricsConfig, ProfilerConfig
 from ..errors import MetricsWarning, warn
 
-__all__ = ["endpoint", "serve"]
+__all__ = ["endpoint", "serve", "when_started"]
 
 _LOCK = threading.Lock()
+_ON_START: list[Callable[[ProfilerConfig], None]] = []
 _started: Optional[MetricsConfig] = None  # the config the endpoint was started for
 _address: Optional[tuple[str, int]] = None
 _server: Any = None
@@ -29,6 +30,11 @@ def endpoint() -> Optional[tuple[str, int]]:
     True
     """
     return _address
+
+
+def when_started(callback: Callable[[ProfilerConfig], None]) -> None:
+    """Call ``callback(config)`` when metrics start in this process (once)."""
+    _ON_START.append(callback)
 
 
 def serve(config: ProfilerConfig) -> None:
@@ -46,12 +52,11 @@ def serve(config: ProfilerConfig) -> None:
     with _LOCK:
         if _started is not None:
             return
-        from . import recorder
-        from ..engine import ENGINE
+        from .recorder import set_bounds
 
-        recorder.set_bounds(metrics.buckets)
-        ENGINE.ensure_atexit()  # the exit summary's metrics lines
-        ENGINE.summary_wanted = config.summary
+        set_bounds(metrics.buckets)
+        for callback in _ON_START:  # the engine's at-exit work: the summary's metrics lines
+            callback(config)
         _started = metrics
         _address, _server = _start_server(metrics)
 

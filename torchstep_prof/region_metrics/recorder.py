@@ -178,7 +178,7 @@ def quantile(q: float, stats: CellStats, bounds: Optional[list[float]] = None) -
     """The ``q`` quantile (0..1) estimated from the buckets as PromQL's ``histogram_quantile``
     does (linear inside a bucket), but never above the longest duration seen.
 
-    >>> quantile(0.5, CellStats(counts=(0, 4, 0), sum_s=0.6, max_s=0.2), [0.1, 0.2])
+    >>> round(quantile(0.5, CellStats(counts=(0, 4, 0), sum_s=0.6, max_s=0.2), [0.1, 0.2]), 6)
     0.15
     """
     bounds = BOUNDS if bounds is None else bounds
