@@ -16,7 +16,7 @@ from torchstep_prof.config.model import FinishHookConfig, ProfilerConfig, Schedu
 from torchstep_prof.config.converter import _converter, from_dict, schema, to_dict
 from torchstep_prof.errors import ConfigError
 
-ALL_TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook"
+ALL_TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, metrics"
 SCHEDULE_KEYS = "steps, skip_first, wait, warmup, active, repeat"
 HOOK_KEYS = "cmd, ranks, all_ranks, per_node, node_wait_s, timeout_s, relocate, wait"
 CONTENTS = "cpu, cuda, memory, shapes, stack, flops, modules"
@@ -60,6 +60,7 @@ def test_to_dict_keeps_none_and_every_key() -> None:
         "contents": [],
         "schedule": None,
         "finish_hook": None,
+        "metrics": None,
     }
     hook = to_dict(FinishHookConfig(cmd=("echo", "hi")))
     assert hook["cmd"] == ["echo", "hi"] and hook["timeout_s"] is None and hook["relocate"] == []
