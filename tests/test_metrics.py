@@ -317,3 +317,29 @@ def test_a_port_in_use_is_one_warning_and_training_goes_on(tmp_path) -> None:
     assert "MetricsWarning" in done.stderr
     assert "endpoint: None" in done.stdout
     assert "metrics actor/update: 3 times" in done.stdout
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_with_none_of_the_parents_times(tmp_path) -> None:
+    done = run_script(
+        """
+        import os
+        import torchstep_prof as tsp
+        from torchstep_prof.region_metrics import recorder
+        with tsp.configure(summary=False), tsp.metrics(port=0, addr="127.0.0.1"):
+            for _ in range(5):
+                with tsp.profile_region("actor", "update"):
+                    pass
+            pid = os.fork()
+            if pid == 0:
+                with tsp.profile_region("actor", "update"):
+                    pass
+                print("child", recorder.snapshot()[("actor", "update")].count, flush=True)
+                os._exit(0)
+            os.waitpid(pid, 0)
+            print("parent", recorder.snapshot()[("actor", "update")].count, flush=True)
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "child 1" in done.stdout and "parent 5" in done.stdout

@@ -15,6 +15,7 @@ never mix their start times.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from bisect import bisect_left
@@ -151,6 +152,28 @@ def _fold_forever() -> None:
             _fold()
         except Exception:  # never let the folding thread die of one bad pass  # pragma: no cover
             pass
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker) serves nothing and starts with none of the parent's
+    # times; its own are still folded, so its lists stay short. The lock may have been held by
+    # a thread that does not exist here.
+    global _STORES_LOCK
+    _STORES_LOCK = threading.Lock()
+    _FOLDED.clear()
+    me = threading.current_thread()
+    kept = [(thread, cells) for thread, cells in _STORES if thread is me]
+    for _, cells in kept:
+        for stages in cells.values():
+            for cell in stages.values():
+                cell.clear()
+    _STORES[:] = kept
+    if BOUNDS:
+        threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True).start()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @attrs.frozen(kw_only=True)
