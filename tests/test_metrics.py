@@ -17,7 +17,7 @@ import pytest
 import torchstep_prof as tsp
 from torchstep_prof.config.converter import from_dict
 from torchstep_prof.config.overrides import apply_overrides
-from torchstep_prof.region_metrics import endpoint
+from torchstep_prof.region_metrics.endpoint import endpoint, forget
 from torchstep_prof.region_metrics.recorder import CellStats, quantile
 
 from script_helpers import run_script
@@ -34,6 +34,9 @@ def _endpoint():
     with tsp.configure(summary=False), tsp.metrics(**LOCAL):
         pass
     assert endpoint() is not None
+    yield
+    forget()  # later test modules of this process render summaries without metrics lines
+    assert endpoint() is None
 
 
 def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -303,7 +306,7 @@ def test_a_port_in_use_is_one_warning_and_training_goes_on(tmp_path) -> None:
             import warnings
             warnings.simplefilter("error")  # -W error: a warning must still never raise
             import torchstep_prof as tsp
-            from torchstep_prof.region_metrics import endpoint
+            from torchstep_prof.region_metrics.endpoint import endpoint, forget
             for _ in range(3):
                 with tsp.metrics(port={port}, addr="127.0.0.1"):
                     with tsp.step(1), tsp.profile_region("actor", "update"):

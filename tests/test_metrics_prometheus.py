@@ -18,9 +18,10 @@ import pytest
 from dist_helpers import WORKERS, free_port, run_torchrun
 
 PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="the prometheus server binary is not installed (Debian package `prometheus`)"
-)
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus server binary is not installed (Debian package `prometheus`)"),
+]
 pytest.importorskip("prometheus_client", reason="prometheus_client (the [metrics] extra) is not installed")
 
 STEPS = 20

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 from ..config.model import MetricsConfig, ProfilerConfig
 from ..errors import MetricsWarning, warn
 
-__all__ = ["endpoint", "serve", "when_started"]
+__all__ = ["endpoint", "forget", "serve", "when_started"]
 
 _LOCK = threading.Lock()
 _ON_START: list[Callable[[ProfilerConfig], None]] = []
@@ -30,6 +30,21 @@ def endpoint() -> Optional[tuple[str, int]]:
     True
     """
     return _address
+
+
+def forget() -> None:
+    """Stop serving and forget every time recorded: the next config with metrics on starts
+    afresh (tests; a process never needs it)."""
+    global _started, _address, _server
+    with _LOCK:
+        server, _server, _started, _address = _server, None, None, None
+        _warned.clear()
+        from .recorder import forget as forget_times
+
+        forget_times()
+    if server is not None:
+        server.shutdown()
+        server.server_close()
 
 
 def when_started(callback: Callable[[ProfilerConfig], None]) -> None:

@@ -38,6 +38,9 @@ BOUNDS: list[float] = []
 """The buckets' upper bounds in seconds, set once per process (:func:`set_bounds`)."""
 
 
+_folding: list[threading.Thread] = []  # the folding thread, once started
+
+
 def set_bounds(bounds: tuple[float, ...]) -> bool:
     """Use ``bounds`` from now on and start the folding thread; False (kept as they are) once
     set to other ones."""
@@ -45,8 +48,21 @@ def set_bounds(bounds: tuple[float, ...]) -> bool:
         if BOUNDS:
             return list(bounds) == BOUNDS
         BOUNDS[:] = [float(b) for b in bounds]
-    threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True).start()
+        if not _folding:
+            _folding.append(threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True))
+            _folding[0].start()
     return True
+
+
+def forget() -> None:
+    """Drop every time recorded and the buckets (tests that start metrics afresh in-process)."""
+    with _STORES_LOCK:
+        BOUNDS.clear()
+        _FOLDED.clear()
+        for _, cells in _STORES:
+            for stages in cells.values():
+                for cell in stages.values():
+                    cell.clear()
 
 
 def _cell(role: Any, stage: Any) -> list[float]:
@@ -168,8 +184,10 @@ def _after_fork_in_child() -> None:
             for cell in stages.values():
                 cell.clear()
     _STORES[:] = kept
+    _folding.clear()
     if BOUNDS:
-        threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True).start()
+        _folding.append(threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True))
+        _folding[0].start()
 
 
 if hasattr(os, "register_at_fork"):
