@@ -346,3 +346,22 @@ def test_a_forked_child_starts_with_none_of_the_parents_times(tmp_path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "child 1" in done.stdout and "parent 5" in done.stdout
+
+
+def test_run_metrics_port_times_the_steps_it_makes(tmp_path) -> None:
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "scripts" / "train_tiny.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), COLUMNS="200")
+    done = subprocess.run(
+        [sys.executable, "-m", "torchstep_prof", "run", "--steps", "2,3", "--region", "Encoder",
+         "--metrics-port", "0", "--set", "metrics.addr=127.0.0.1", "--save-path", str(tmp_path / "out"),
+         str(script), "--steps", "4"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "metrics Encoder/forward: 2 times, p50 " in done.stdout, done.stdout
+    assert "metrics step: 2 times, p50 " in done.stdout, done.stdout
