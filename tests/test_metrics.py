@@ -365,3 +365,36 @@ def test_run_metrics_port_times_the_steps_it_makes(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert "metrics Encoder/forward: 2 times, p50 " in done.stdout, done.stdout
     assert "metrics step: 2 times, p50 " in done.stdout, done.stdout
+
+
+def test_lightning_callback_metrics_times_every_step(tmp_path) -> None:
+    pytest.importorskip("lightning", reason="lightning (the [lightning] extra) is not installed")
+    done = run_script(
+        """
+        import torch
+        import lightning.pytorch as pl
+        from torchstep_prof.integrations.lightning import TorchstepProfCallback
+
+        class Tiny(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(8, 1)
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.layer(x), y)
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        data = torch.utils.data.TensorDataset(torch.randn(24, 8), torch.randn(24, 1))
+        trainer = pl.Trainer(
+            max_steps=6, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[TorchstepProfCallback(metrics={"port": 0, "addr": "127.0.0.1"})],
+        )
+        trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=4))
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "metrics step: 6 times, p50 " in done.stdout, done.stdout
+    assert "metrics trainer/training_step: 6 times, p50 " in done.stdout, done.stdout
