@@ -8,9 +8,9 @@ PIP := $(BIN)/python -m pip install -q -c $(VENV)/constraints.txt
 BASE := $(VENV)/.installed
 FULL := $(VENV)/.installed-extras
 # The framework versions the integration tests run against (the extras in setup.cfg are ranges).
-FRAMEWORKS := transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 ray==2.60.0 plotly==7.1.0
+FRAMEWORKS := transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 ray==2.60.0 plotly==7.1.0 prometheus_client==0.26.0
 
-.PHONY: example report test bench browser clean
+.PHONY: example report test bench browser prometheus clean
 
 $(BASE): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -20,9 +20,9 @@ $(BASE): setup.cfg setup.py
 	$(PIP) -e '.[test]'
 	touch $(BASE)
 
-# The extras the test suite exercises: report (plotly), transformers, lightning, ray.
+# The extras the test suite exercises: report (plotly), transformers, lightning, ray, metrics.
 $(FULL): $(BASE)
-	$(PIP) -e '.[test,report,transformers,lightning,ray]' $(FRAMEWORKS)
+	$(PIP) -e '.[test,report,transformers,lightning,ray,metrics]' $(FRAMEWORKS)
 	touch $(FULL)
 
 example: $(BASE)
@@ -39,7 +39,15 @@ browser:
 	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "chromium is not installed: the report's browser tests will be skipped"
 
-test: $(FULL) browser
+# The Prometheus server the metrics test scrapes with (Debian package `prometheus`): installed
+# through apt-get when running as root (CI); elsewhere that test skips, saying so. The test starts
+# its own instance; the package's service, if it starts, does not matter.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
+	  || echo "prometheus is not installed: the Prometheus scrape test will be skipped"
+
+test: $(FULL) browser prometheus
 	$(BIN)/python -m pytest
 
 bench: $(BASE)

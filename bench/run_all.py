@@ -27,6 +27,7 @@ from _timing import ROOT, Report, fmt  # noqa: E402
 BENCH = Path(__file__).resolve().parent
 SCRIPTS = (
     "bench_idle_region",
+    "bench_metrics_region",
     "bench_nested_range",
     "bench_profiled_step",
     "bench_export",

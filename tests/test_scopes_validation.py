@@ -13,7 +13,7 @@ from torchstep_prof import ProfilerConfig, ScheduleConfig
 from torchstep_prof.errors import ConfigError
 
 CONTENTS = "cpu, cuda, memory, shapes, stack, flops, modules"
-FIELDS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand"
+FIELDS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics"
 PATH_RULE = "allowed: a path without '\"', '\\' or control characters"
 
 BAD_CALLS: list[tuple[Callable[[], Any], list[str]]] = [

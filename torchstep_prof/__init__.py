@@ -31,6 +31,8 @@ _EXPORTS = {
     "FinishHookWarning": "errors",
     "ForeignProfilerWarning": "errors",
     "HookRecord": "summary.records",
+    "MetricsConfig": "config.model",
+    "MetricsWarning": "errors",
     "OnDemandConfig": "config.model",
     "ProfilerConfig": "config.model",
     "ProfilerStartWarning": "errors",
@@ -53,6 +55,7 @@ _EXPORTS = {
     "flush": "background",
     "from_dict": "config.converter",
     "load_config": "config.files",
+    "metrics": "scopes",
     "on_demand": "scopes",
     "on_finish": "scopes",
     "parse_trace_name": "traces.names",
@@ -140,7 +143,9 @@ def _warm_up_for_the_environment() -> None:
 _warm_up_for_the_environment()
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from .config.model import CONTENT_NAMES, FinishHookConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
+    from .config.model import (
+        CONTENT_NAMES, FinishHookConfig, MetricsConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig,
+    )
     from .background import flush
     from .config.files import dump_config, load_config
     from .config.converter import from_dict, to_dict
@@ -148,6 +153,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         ConfigError,
         FinishHookWarning,
         ForeignProfilerWarning,
+        MetricsWarning,
         ProfilerStartWarning,
         TorchstepProfError,
         TorchstepProfWarning,
@@ -157,5 +163,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .config.overrides import apply_overrides
     from .summary.records import HookRecord, ProfilingCosts, ProfilingRecords, TraceRecord, records
     from .regions import begin_step, end_step, profile_region, profiled, step
-    from .scopes import configure, contents, effective_config, on_demand, on_finish, ranks, schedule
+    from .scopes import configure, contents, effective_config, metrics, on_demand, on_finish, ranks, schedule
     from .summary.exit_table import print_summary

@@ -31,6 +31,7 @@ from .selection import open_blocks
 from .selection.frames import Frame, HookScope, when_env_sets_a_hook
 from .selection.rules import StepAction, last_selected_step
 from .recording.session import NESTED_FAST_PATH, TraceSession, entered, new_range
+from .region_metrics.endpoint import when_started as when_metrics_start
 from .topology import current_topology
 
 if TYPE_CHECKING:
@@ -234,7 +235,8 @@ class Engine:
         with self.lock:
             # Published only once torch's profiler runs: a region that sees it may open a range.
             self.session, self._owner, self._busy = session, owner, False
-            if role is not None and CURRENT_STEP.get(None) is not None and session.owner_task is None:
+            if role is not None and CURRENT_STEP.get(None) is not None and session.owner_task is None \
+                    and frame.metrics is None:  # a timed region is never a bare range
                 # Regions nested here, in this thread (outside asyncio), need no counter and no
                 # checks.
                 NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
@@ -447,6 +449,14 @@ def _store() -> Any:
 
 ENGINE = Engine()
 when_env_sets_a_hook(ENGINE.ensure_atexit)
+
+
+def _metrics_started(config: Any) -> None:
+    ENGINE.ensure_atexit()  # the exit summary shows the metrics, with or without a trace
+    ENGINE.summary_wanted = config.summary
+
+
+when_metrics_start(_metrics_started)
 
 
 def _after_fork_in_child() -> None:

@@ -85,6 +85,11 @@ class ForeignProfilerWarning(TorchstepProfWarning):
     started nothing meanwhile (regions ran unprofiled), or a trace of ours was ended by it."""
 
 
+class MetricsWarning(TorchstepProfWarning):
+    """The metrics endpoint could not start (port in use, ``prometheus_client`` missing) or a
+    second metrics config was ignored; regions are still timed and training goes on."""
+
+
 class TraceWriteWarning(TorchstepProfWarning):
     """A trace could not be written (unwritable folder, full disk, failed export); training goes
     on and the failure is recorded (``tsp.records().traces``)."""

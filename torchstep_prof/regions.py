@@ -20,6 +20,7 @@ from .selection import frames as _frames
 from .selection import open_blocks as _open_blocks
 from .triggers import watcher as _watcher
 from ._wrapping import around_each_call
+from .region_metrics import recorder as _recorder
 from .recording.range_names import RANGE_NAMES as _RANGE_NAMES
 from .recording.range_names import range_name
 from .recording.session import NESTED_FAST_PATH as _NESTED
@@ -63,6 +64,10 @@ _STACK = _frames._STACK  # the innermost scope frame: _STACK.get(_ROOT)
 _COUNTERS = ENGINE.counters  # role -> stage -> counter: read on every counted region
 _GROUPS = group_registry()  # its _default_pg: the group a frame's rank decision holds for
 _ON_DEMAND = _watcher.ON_DEMAND  # its .watcher: None unless a scope opted in to on-demand traces
+_Timed = _recorder.TimedRegion  # metrics on: a region timed, not profiled
+_TimedInner = _recorder.TimedInner  # metrics on: a range or a trace, timed
+_perf = _recorder._perf
+_record_step = _recorder.record_step
 
 
 class _Region:
@@ -108,7 +113,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
     What the region does is decided as it is made, which in ``with profile_region(...)`` is as
     it is entered; the object is meant for that one ``with``. With no schedule in force (or
     profiling disabled) this returns a shared no-op at once: the cost of leaving regions in
-    production code.
+    production code. Under ``tsp.metrics`` every region is also timed (profiled or not).
     """
     # The hot path: each branch does the least it can. Not profiling: one context-variable read
     # and a few attributes. Inside a running trace: the range object itself, entered by the
@@ -126,18 +131,27 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             pass
     session = ENGINE.session
     if session is not None:
+        if frame.metrics is not None:  # (never the nested fast path's frame: the engine sees to it)
+            inner = _in_trace(frame, session, role, stage, step)
+            return _Timed(role, stage) if inner is _IDLE_REGION else _TimedInner(role, stage, inner)
         # Any thread or task: while a trace records, a region is a range in it.
         if frame.disabled:
             return _IDLE_REGION
         if step is None and not frame.idle and CURRENT_STEP.get(None) is None:
             ENGINE.count(role, stage)  # counters count every entry under a schedule (only)
         return ENGINE.range_in(session, role, stage)
-    if frame.idle:
+    if frame.quiet:  # nothing to profile, metrics off
         return _IDLE_REGION
-    if frame is _ROOT:  # first region outside every scope: read the environment once
-        frame = current_frame()
-        if frame.idle:
-            return _IDLE_REGION
+    if frame.screened:  # the root frame, or metrics on (as cheap a test as `frame is _ROOT`)
+        if frame is _ROOT:  # first region outside every scope: read the environment once
+            frame = current_frame()
+            if frame.quiet:
+                return _IDLE_REGION
+        if frame.metrics is not None:
+            if frame.idle:
+                return _Timed(role, stage)
+            inner = _decided(frame, role, stage, step)
+            return _Timed(role, stage) if inner is _IDLE_REGION else _TimedInner(role, stage, inner)
     # No trace records and a schedule is in force: here, and only here, a region's fate is
     # decided. Its step: ``step=``, else the enclosing step block's, else the counter's; then
     # the frame's decision for that step and this rank (Frame.action). The commonest outcome,
@@ -187,6 +201,43 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
     return _Region(frame, role, stage, step, action)
 
 
+def _in_trace(frame: Frame, session: Any, role: str, stage: str, step: Optional[int]) -> Any:
+    """What a region is while a trace records (``profile_region``'s rule, for a timed one)."""
+    if frame.disabled:
+        return _IDLE_REGION
+    if step is None and not frame.idle and CURRENT_STEP.get(None) is None:
+        ENGINE.count(role, stage)
+    return ENGINE.range_in(session, role, stage)
+
+
+def _decided(frame: Frame, role: str, stage: str, step: Optional[int]) -> Any:
+    """What a region is under a schedule, with no trace recording: ``profile_region``'s rules
+    without its inlining, for a timed region (the same decisions: tests/test_metrics.py)."""
+    if step is None:
+        current = CURRENT_STEP.get(None)
+        if current is not None:
+            if current.skip_frame is frame:
+                return _IDLE_REGION
+            _check_labels(role, stage)
+            step = current.number
+            if current.frame is frame:
+                if current.action is _NONE:
+                    return _IDLE_REGION
+                frame.selected(step)
+                return _Region(frame, role, stage, step, current.action)
+        else:
+            _check_labels(role, stage)
+            step = ENGINE.count(role, stage)
+    elif frame.label_checks > 0:
+        frame.label_checks -= 1
+        _check_labels(role, stage)
+    action = frame.action(step)
+    if action is _NONE:
+        return _IDLE_REGION
+    frame.selected(step)
+    return _Region(frame, role, stage, step, action)
+
+
 def _check_labels(role: str, stage: str) -> None:
     """Labels are checked the first time they are seen, whether or not the step is profiled."""
     try:
@@ -209,7 +260,7 @@ class step:
     ...         pass
     """
 
-    __slots__ = ("number", "frame", "action", "skip_frame", "_token", "_owned", "_frame_token")
+    __slots__ = ("number", "frame", "action", "skip_frame", "_token", "_owned", "_frame_token", "_t0")
 
     def __init__(self, number: int) -> None:
         if not isinstance(number, int) or isinstance(number, bool) or number < 0:
@@ -249,6 +300,7 @@ class step:
             CURRENT_STEP.reset(self._token)
             self._pop_frame()
             raise
+        self._t0 = _perf() if frame.metrics is not None else None  # metrics: the step is timed
 
     def _pop_frame(self) -> None:
         # The frame an on-demand step pushed, if it is still innermost (a scope's exit may
@@ -262,6 +314,8 @@ class step:
 
     def _end(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # The block's exit; also end_step's, a scope's exit's and interpreter exit's for a begun step.
+        if self._t0 is not None:
+            _record_step(_perf() - self._t0)
         try:
             if ENGINE.session is not None:
                 ENGINE.step_ending(self)

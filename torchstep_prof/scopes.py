@@ -1,7 +1,7 @@
-"""Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, configure.
+"""Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, metrics, configure.
 
 Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
-``on_demand()``, ``configure()``.
+``on_demand()``, ``metrics()``, ``configure()``.
 
 Each scope pushes a frame (``selection/frames.py``) for its block and tells the engine it was entered
 (warm up) and exited (finish hooks, missed steps). Scopes are entered rarely, so they are
@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional, Sequence, Union, cast
 
 from ._wrapping import around_each_call
 from .config._scope_fields import evolve_checked
-from .config.model import FinishHookConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
+from .config.model import DEFAULT_BUCKETS, FinishHookConfig, MetricsConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
 from .engine import ENGINE
 from .triggers import watcher as _watcher
 from .errors import ConfigError, Problem
@@ -27,6 +27,7 @@ __all__ = [
     "configure",
     "contents",
     "effective_config",
+    "metrics",
     "on_demand",
     "on_finish",
     "ranks",
@@ -220,6 +221,29 @@ def on_demand(
     except ConfigError as exc:  # on_demand.poll_s, as the config file names it
         raise exc.under("on_demand") from None
     return _Scope({"on_demand": config})
+
+
+def metrics(
+    port: int = 9400,
+    *,
+    addr: str = "0.0.0.0",
+    buckets: Sequence[float] = DEFAULT_BUCKETS,
+    enable: bool = True,
+) -> contextlib.AbstractContextManager[ProfilerConfig]:
+    """Time every region and step for Prometheus, profiled or not, served at
+    ``http://<addr>:<port + LOCAL_RANK>/metrics`` (one endpoint per process, from the first
+    scope that turns metrics on; needs the ``[metrics]`` extra).
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.metrics(port=9400):             # doctest: +SKIP
+    ...     with tsp.step(1), tsp.profile_region("actor", "update"):
+    ...         pass
+    """
+    try:
+        config = MetricsConfig(port=port, addr=addr, buckets=tuple(buckets) if isinstance(buckets, (list, tuple)) else buckets, enable=enable)
+    except ConfigError as exc:  # metrics.port, as the config file names it
+        raise exc.under("metrics") from None
+    return _Scope({"metrics": config})
 
 
 def configure(

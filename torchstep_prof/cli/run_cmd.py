@@ -57,6 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--save-path", metavar="DIR", help="where traces go (default outputs/profile)")
     out.add_argument("--gzip", action="store_true", help="write .json.gz")
     out.add_argument("--on-finish", metavar="CMD", help="run CMD (through /bin/sh) once profiling is finished")
+    out.add_argument("--metrics-port", metavar="PORT", type=_int("--metrics-port"),
+                     help="serve region and step metrics for Prometheus on PORT + LOCAL_RANK (metrics.port)")
     conf = parser.add_argument_group("configuration")
     conf.add_argument("--config", metavar="FILE", help="a config file (.yaml, .json, .toml) to start from")
     conf.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
@@ -135,6 +137,8 @@ def build_config(args: argparse.Namespace) -> Any:
         chosen.append(field("finish_hook.cmd", args.on_finish))
     if getattr(args, "on_demand", None) is not None:
         chosen.append(field("on_demand.dir", args.on_demand))
+    if args.metrics_port is not None:
+        chosen.append(field("metrics.port", args.metrics_port))
     return apply_overrides(base, [*chosen, *args.overrides])
 
 

@@ -16,7 +16,7 @@ import attrs
 from ..errors import ConfigError, Problem
 from ..traces.names import sanitize_label
 
-__all__ = ["CONTENT_NAMES", "FinishHookConfig", "OnDemandConfig", "ProfilerConfig", "ScheduleConfig"]
+__all__ = ["CONTENT_NAMES", "FinishHookConfig", "MetricsConfig", "OnDemandConfig", "ProfilerConfig", "ScheduleConfig"]
 
 CONTENT_NAMES: tuple[str, ...] = ("cpu", "cuda", "memory", "shapes", "stack", "flops", "modules")
 """What a trace can hold, as named in ``contents``."""
@@ -265,6 +265,68 @@ class OnDemandConfig:
         _raise_if(_validate(self, {"dir": _save_path, "poll_s": _seconds(allow_zero=False)}))
 
 
+# Prometheus' default histogram buckets (seconds), less its 10 s top, plus longer steps.
+DEFAULT_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+def _floats(value: Any) -> Any:
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def _port(key: str, value: Any) -> list[Problem]:
+    if not _is_int(value) or not 0 <= value <= 65535:
+        return [Problem(key, f"must be a TCP port, an integer from 0 to 65535 (got {value!r}; 0: any free port)")]
+    return []
+
+
+def _address(key: str, value: Any) -> list[Problem]:
+    import ipaddress
+
+    if isinstance(value, str) and value:
+        try:
+            ipaddress.ip_address(value)
+            return []
+        except ValueError:
+            if value == "localhost" or all(part.isalnum() or part == "-" for part in value.split(".")):
+                return []  # a host name this machine resolves (checked when the endpoint starts)
+    return [Problem(key, f"must be an IP address or a host name to listen on (got {value!r}; "
+                         "e.g. 0.0.0.0, 127.0.0.1, ::)")]
+
+
+def _buckets(key: str, value: Any) -> list[Problem]:
+    allowed = "a non-empty list of increasing upper bounds in seconds, each > 0"
+    if not isinstance(value, tuple) or not value:
+        return [Problem(key, f"must be {allowed} (got {value!r})")]
+    found = [
+        Problem(f"{key}[{i}]", f"must be a finite number of seconds > 0 (got {item!r})")
+        for i, item in enumerate(value)
+        if isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item) or item <= 0
+    ]
+    if not found and any(b <= a for a, b in zip(value, value[1:])):
+        found.append(Problem(key, f"must be {allowed}: sorted, no repeats (got {list(value)})"))
+    return found
+
+
+@attrs.frozen(kw_only=True)
+class MetricsConfig:
+    """Always-on region metrics for Prometheus (see ``tsp.metrics``): every region and step
+    records its wall time, profiled or not, served at ``http://<addr>:<port + LOCAL_RANK>/metrics``.
+
+    >>> MetricsConfig(port=9400, buckets=[0.01, 0.1, 1]).buckets
+    (0.01, 0.1, 1)
+    """
+
+    enable: bool = True
+    port: int = 9400  # the base port: each process serves port + its local rank
+    addr: str = "0.0.0.0"
+    buckets: Tuple[float, ...] = attrs.field(default=DEFAULT_BUCKETS, converter=_floats)
+
+    def __attrs_post_init__(self) -> None:
+        _raise_if(_validate(self, {"enable": _bool, "port": _port, "addr": _address, "buckets": _buckets}))
+
+
 def _check_contents(key: str, value: Any) -> list[Problem]:
     if not isinstance(value, tuple):
         return [Problem(key, f"must be a list of names from {', '.join(CONTENT_NAMES)} (got {value!r})")]
@@ -306,6 +368,7 @@ class ProfilerConfig:
     schedule: Optional[ScheduleConfig] = None
     finish_hook: Optional[FinishHookConfig] = None
     on_demand: Optional[OnDemandConfig] = None
+    metrics: Optional[MetricsConfig] = None
 
     def __attrs_post_init__(self) -> None:
         problems = _validate(
@@ -323,7 +386,7 @@ class ProfilerConfig:
             },
         )
         for name, cls in (("schedule", ScheduleConfig), ("finish_hook", FinishHookConfig),
-                          ("on_demand", OnDemandConfig)):
+                          ("on_demand", OnDemandConfig), ("metrics", MetricsConfig)):
             value = getattr(self, name)
             if value is not None and not isinstance(value, cls):
                 problems.append(Problem(name, f"must be a {cls.__name__} or null (got {value!r})"))

@@ -31,12 +31,19 @@ def build_scopes(
 ) -> list[contextlib.AbstractContextManager[Any]]:
     """The scope objects a callback enters when training begins, built (and so validated) now.
 
-    ``fields`` are ``configure()`` fields (``config=`` a ``ProfilerConfig`` or a file path);
+    ``fields`` are ``configure()`` fields (``config=`` a ``ProfilerConfig`` or a file path;
+    ``metrics=`` a port, True, a mapping of ``tsp.metrics`` arguments or a ``MetricsConfig``);
     traces are fused (``discrete=False``) unless ``discrete`` or a whole ``config`` is given.
     The explicit arguments are entered innermost, so they win over ``fields``.
     """
     fields = dict(fields)
     config = fields.pop("config", None)
+    if "metrics" in fields:  # metrics=9400 (a port) or True: the metrics section, on
+        metrics = fields["metrics"]
+        if metrics is True or (isinstance(metrics, int) and not isinstance(metrics, bool)):
+            fields["metrics"] = {} if metrics is True else {"port": metrics}
+        elif metrics is False:
+            fields["metrics"] = None
     if config is None and "discrete" not in fields:
         fields["discrete"] = False
     scopes: list[contextlib.AbstractContextManager[Any]] = [configure(config, **fields)]

@@ -127,7 +127,7 @@ class Frame:
 
     __slots__ = (
         "config", "idle", "disabled", "hook_scope", "explicit_steps", "cycle", "cycle_run", "schedule_scope",
-        "rank_group", "rank_ok", "label_checks",
+        "rank_group", "rank_ok", "label_checks", "metrics", "quiet", "screened",
     )  # fmt: skip
 
     def __init__(self, config: ProfilerConfig, hook_scope: Optional[HookScope]) -> None:
@@ -137,6 +137,13 @@ class Frame:
         self.disabled = not config.enable
         # Nothing can be profiled under this frame: regions return at once.
         self.idle = self.disabled or config.schedule is None
+        # Metrics on (metrics/recorder.py): every region is timed, profiled or not. A region
+        # returns at once only when the frame is idle and untimed (quiet); a timed frame is
+        # screened, as the root frame is: regions check both only past the quiet test.
+        metrics = config.metrics
+        self.metrics = metrics if metrics is not None and metrics.enable else None
+        self.quiet = self.idle and self.metrics is None
+        self.screened = self.metrics is not None
         self.hook_scope = hook_scope
         schedule = config.schedule
         # An explicit list is a set (no schedule: the empty one); a cycle is a CyclePlan.
@@ -219,12 +226,14 @@ class _RootFrame(Frame):
 
     def __init__(self) -> None:
         Frame.__init__(self, ProfilerConfig(), None)
-        self.idle = False  # unknown until resolved: send the first region down the slow path
+        self.idle = self.quiet = False  # unknown until resolved: send the first region down the slow path
+        self.screened = True  # regions under the root frame always check that it is resolved
 
     def resolve(self) -> Frame:
         resolved = frame_for(ProfilerConfig(), parent=None, sets_hook=False)
         Frame.__init__(self, resolved.config, resolved.hook_scope)
         self.schedule_scope = resolved.schedule_scope
+        self.screened = True
         return self
 
 
@@ -287,6 +296,10 @@ def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: b
     else:
         hook_scope = parent_hook
     frame = Frame(config, hook_scope)
+    if frame.metrics is not None:  # the process's one endpoint starts with the first such frame
+        from ..region_metrics.endpoint import serve
+
+        serve(config)
     from .missed_steps import ScheduleScope
 
     frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)

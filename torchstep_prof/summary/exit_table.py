@@ -213,6 +213,7 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
     if data.missed_steps or data.missed_steps_unlisted:
         lines.append(_missed_line(data))
     lines.extend(data.attention)
+    lines.extend(_metrics_lines())
     parts: list[Any] = [Text(title)]
     if data.traces:
         parts.append(table)
@@ -221,6 +222,12 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         parts.extend(listed)
     parts.extend(Text(line) for line in lines)
     return Group(*parts)
+
+
+def _metrics_lines() -> list[str]:
+    """A line per (role, stage) and one for steps when metrics are on (region_metrics/recorder.py)."""
+    recorder = sys.modules.get("torchstep_prof.region_metrics.recorder")
+    return list(recorder.summary_lines()) if recorder is not None and recorder.BOUNDS else []
 
 
 def _missed_line(data: ProfilingRecords) -> str:
@@ -296,5 +303,5 @@ def print_summary_at_exit(wanted: bool) -> None:
             stacklevel=2,
         )
         return
-    if data and wanted and not summary_disabled():
+    if (data or _metrics_lines()) and wanted and not summary_disabled():
         print_summary(data)

@@ -1,0 +1,82 @@
+"""The Prometheus collector: the recorder's per-thread cells turned into metric families at scrape time.
+
+Nothing is pushed to ``prometheus_client`` while training runs; each scrape reads the cells
+(:func:`torchstep_prof.region_metrics.recorder.snapshot`) and the summary records (traces written,
+hook runs). Imported only when metrics are on: it imports ``prometheus_client``.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Iterator
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+from .recorder import BOUNDS, STEP_KEY, snapshot
+from ..topology import current_topology
+
+__all__ = ["PREFIX", "RegionCollector"]
+
+PREFIX = "torchstep_prof"
+_PLACE = ("rank", "world_size", "node")
+
+
+class RegionCollector:
+    """Yields ``torchstep_prof_region_seconds`` (role, stage, rank, world_size, node),
+    ``torchstep_prof_step_seconds``, ``torchstep_prof_traces_written_total`` and
+    ``torchstep_prof_hook_runs_total`` (by outcome)."""
+
+    def __init__(self) -> None:
+        self._node = socket.gethostname()
+
+    def _place(self) -> list[str]:
+        # Read at each scrape: the rank is torch.distributed's once its process group exists.
+        topology = current_topology()
+        return [str(topology.rank), str(topology.world_size), self._node]
+
+    def collect(self) -> Iterator[Any]:
+        place = self._place()
+        bounds = list(BOUNDS)
+        regions = HistogramMetricFamily(
+            f"{PREFIX}_region_seconds", "Wall time of torchstep_prof regions (role/stage), profiled or not",
+            labels=["role", "stage", *_PLACE],
+        )
+        steps = HistogramMetricFamily(
+            f"{PREFIX}_step_seconds", "Wall time of torchstep_prof step blocks", labels=list(_PLACE)
+        )
+        for (role, stage), stats in sorted(snapshot().items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
+            buckets = _cumulative(bounds, stats.counts)
+            if role is STEP_KEY:
+                steps.add_metric(place, buckets, sum_value=stats.sum_s)
+            else:
+                regions.add_metric([role, stage, *place], buckets, sum_value=stats.sum_s)
+        yield regions
+        yield steps
+        yield from self._records(place)
+
+    def _records(self, place: list[str]) -> Iterator[Any]:
+        from ..summary.records import STORE
+
+        data = STORE.snapshot()  # never waits for a write: a scrape must not block
+        traces = CounterMetricFamily(f"{PREFIX}_traces_written", "Trace files this process wrote", labels=list(_PLACE))
+        traces.add_metric(place, sum(1 for t in data.traces if t.ok))
+        hooks = CounterMetricFamily(
+            f"{PREFIX}_hook_runs", "Finish hook runs of this process, by outcome", labels=["outcome", *_PLACE]
+        )
+        outcomes: dict[str, int] = {}
+        for hook in data.hooks:
+            outcomes[hook.outcome] = outcomes.get(hook.outcome, 0) + 1
+        for outcome, count in sorted(outcomes.items()):
+            hooks.add_metric([outcome, *place], count)
+        yield traces
+        yield hooks
+
+
+def _cumulative(bounds: list[float], counts: tuple[int, ...]) -> list[tuple[str, float]]:
+    """Prometheus' ``le`` buckets: cumulative counts, the last one ``+Inf``."""
+    out: list[tuple[str, float]] = []
+    running = 0
+    for i, n in enumerate(counts):
+        running += n
+        out.append((repr(float(bounds[i])) if i < len(bounds) else "+Inf", running))
+    return out

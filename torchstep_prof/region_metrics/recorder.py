@@ -1,0 +1,252 @@
+"""Region and step wall times, kept in plain per-thread lists: what the metrics export reads.
+
+With metrics on (``tsp.metrics``, the ``metrics`` config section), every region and step block
+is timed, profiled or not. Each thread appends its durations to its own list per (role, stage),
+and only it ever appends there: the training thread takes no lock per region, and pays one
+``list.append`` (a bucket search and three sums cost twice as much, so they are left to
+readers). Readers (the Prometheus collector at scrape time, the exit summary, and a folding
+thread once a second so the lists stay short when nobody scrapes) fold the lists into
+process-wide histograms: they take the first ``n`` items and delete exactly those, two atomic
+list operations, so a duration appended meanwhile is folded next time, never lost.
+
+Every asyncio task and decorated call times on its own region object, so interleaved tasks
+never mix their start times.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from bisect import bisect_left
+from typing import Any, Iterator, Optional
+
+import attrs
+
+__all__ = ["BOUNDS", "CellStats", "TimedInner", "TimedRegion", "quantile", "record_step", "snapshot"]
+
+_perf = time.perf_counter
+_LOCAL = threading.local()  # .cells: role -> stage -> list of seconds, this thread's
+_STORES: list[tuple[threading.Thread, dict[Any, dict[Any, list[float]]]]] = []  # every thread's cells
+_STORES_LOCK = threading.Lock()  # taken once per thread (its first cell), and by readers
+_FOLDED: dict[tuple[Any, Any], list[Any]] = {}  # (role, stage) -> [sum_s, max_s, n_0, ..., n_k]
+FOLD_EVERY_S = 1.0
+
+STEP_KEY = None  # the (role, stage) key of step blocks' cell: (None, None), never a label
+
+BOUNDS: list[float] = []
+"""The buckets' upper bounds in seconds, set once per process (:func:`set_bounds`)."""
+
+
+_folding: list[threading.Thread] = []  # the folding thread, once started
+
+
+def set_bounds(bounds: tuple[float, ...]) -> bool:
+    """Use ``bounds`` from now on and start the folding thread; False (kept as they are) once
+    set to other ones."""
+    with _STORES_LOCK:
+        if BOUNDS:
+            return list(bounds) == BOUNDS
+        BOUNDS[:] = [float(b) for b in bounds]
+        if not _folding:
+            _folding.append(threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True))
+            _folding[0].start()
+    return True
+
+
+def forget() -> None:
+    """Drop every time recorded and the buckets (tests that start metrics afresh in-process)."""
+    with _STORES_LOCK:
+        BOUNDS.clear()
+        _FOLDED.clear()
+        for _, cells in _STORES:
+            for stages in cells.values():
+                for cell in stages.values():
+                    cell.clear()
+
+
+def _cell(role: Any, stage: Any) -> list[float]:
+    """This thread's list of (role, stage), made on first use (once per thread and label)."""
+    try:
+        cells = _LOCAL.cells
+    except AttributeError:
+        cells = _LOCAL.cells = {}
+        with _STORES_LOCK:
+            _STORES.append((threading.current_thread(), cells))
+    stages = cells.get(role)
+    if stages is None:
+        stages = cells[role] = {}
+    cell = stages.get(stage)
+    if cell is None:
+        cell = stages[stage] = []
+    return cell
+
+
+class TimedRegion:
+    """A region timed for the metrics and not profiled: timed from when it is made (as it is
+    entered, in ``with profile_region(...)``) to its exit."""
+
+    __slots__ = ("role", "stage", "t0")
+    # A C callable, as _IdleRegion's __exit__ (regions.py): no Python frame on entry. ``as``
+    # gets "" (a not-profiled region has nothing to offer there).
+    __enter__ = staticmethod("".format)
+
+    def __init__(self, role: str, stage: str) -> None:
+        self.role = role
+        self.stage = stage
+        self.t0 = _perf()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        seconds = _perf() - self.t0
+        try:
+            _LOCAL.cells[self.role][self.stage].append(seconds)
+        except (AttributeError, KeyError):
+            _cell(self.role, self.stage).append(seconds)
+
+
+class TimedInner:
+    """A timed region that is also something else (a range in a trace, a trace of its own):
+    the time is the block's, inside ``inner`` (a profiler's start and stop are not in it)."""
+
+    __slots__ = ("role", "stage", "t0", "inner")
+
+    def __init__(self, role: str, stage: str, inner: Any) -> None:
+        self.role = role
+        self.stage = stage
+        self.inner = inner
+
+    def __enter__(self) -> Any:
+        entered = self.inner.__enter__()
+        self.t0 = _perf()
+        return entered
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+        TimedRegion.__exit__(self, exc_type, exc, tb)  # type: ignore[arg-type]
+        return self.inner.__exit__(exc_type, exc, tb)
+
+
+def record_step(seconds: float) -> None:
+    """A step block lasted ``seconds`` (its end calls this, in whichever thread ends it)."""
+    try:
+        _LOCAL.cells[STEP_KEY][STEP_KEY].append(seconds)
+    except (AttributeError, KeyError):
+        _cell(STEP_KEY, STEP_KEY).append(seconds)
+
+
+def _fold() -> None:
+    """Move every thread's durations into the histograms (readers only, under the lock)."""
+    bounds = BOUNDS
+    width = len(bounds) + 1
+    with _STORES_LOCK:
+        alive = []
+        for thread, cells in _STORES:
+            pending = False
+            for role, stages in cells.copy().items():  # dict.copy is atomic: the owner may add keys
+                for stage, cell in stages.copy().items():
+                    n = len(cell)
+                    if not n:
+                        continue
+                    taken = cell[:n]
+                    del cell[:n]  # exactly those: one appended meanwhile stays for next time
+                    into = _FOLDED.get((role, stage))
+                    if into is None:
+                        into = _FOLDED[role, stage] = [0.0, 0.0] + [0] * width
+                    into[0] += sum(taken)
+                    into[1] = max(into[1], max(taken))
+                    for seconds in taken:
+                        into[bisect_left(bounds, seconds) + 2] += 1
+                    pending = pending or bool(cell)
+            if thread.is_alive() or pending:
+                alive.append((thread, cells))
+        _STORES[:] = alive  # a finished thread's lists, once folded, are dropped
+
+
+def _fold_forever() -> None:
+    while True:
+        time.sleep(FOLD_EVERY_S)
+        try:
+            _fold()
+        except Exception:  # never let the folding thread die of one bad pass  # pragma: no cover
+            pass
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker) serves nothing and starts with none of the parent's
+    # times; its own are still folded, so its lists stay short. The lock may have been held by
+    # a thread that does not exist here.
+    global _STORES_LOCK
+    _STORES_LOCK = threading.Lock()
+    _FOLDED.clear()
+    me = threading.current_thread()
+    kept = [(thread, cells) for thread, cells in _STORES if thread is me]
+    for _, cells in kept:
+        for stages in cells.values():
+            for cell in stages.values():
+                cell.clear()
+    _STORES[:] = kept
+    _folding.clear()
+    if BOUNDS:
+        _folding.append(threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True))
+        _folding[0].start()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@attrs.frozen(kw_only=True)
+class CellStats:
+    """One (role, stage)'s durations over every thread: ``counts[i]`` in bucket ``i`` (not
+    cumulative; the last is above every bound), their sum and the longest."""
+
+    counts: tuple[int, ...]
+    sum_s: float
+    max_s: float
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+def snapshot() -> dict[tuple[Any, Any], CellStats]:
+    """Every (role, stage)'s stats so far, over every thread (``(None, None)``: step blocks)."""
+    _fold()
+    with _STORES_LOCK:
+        return {k: CellStats(counts=tuple(v[2:]), sum_s=v[0], max_s=v[1]) for k, v in _FOLDED.items()}
+
+
+def quantile(q: float, stats: CellStats, bounds: Optional[list[float]] = None) -> float:
+    """The ``q`` quantile (0..1) estimated from the buckets as PromQL's ``histogram_quantile``
+    does (linear inside a bucket), but never above the longest duration seen.
+
+    >>> round(quantile(0.5, CellStats(counts=(0, 4, 0), sum_s=0.6, max_s=0.2), [0.1, 0.2]), 6)
+    0.15
+    """
+    bounds = BOUNDS if bounds is None else bounds
+    total = stats.count
+    if total == 0:
+        return 0.0
+    rank = q * total
+    seen = 0
+    for i, n in enumerate(stats.counts):
+        if n and seen + n >= rank:
+            lower = bounds[i - 1] if i > 0 else 0.0
+            upper = bounds[i] if i < len(bounds) else stats.max_s
+            return min(lower + (upper - lower) * (rank - seen) / n, stats.max_s)
+        seen += n
+    return stats.max_s
+
+
+def summary_lines() -> Iterator[str]:
+    """The exit summary's lines: one per (role, stage), then the steps, with count, p50, p90, max."""
+    stats = snapshot()
+
+    def line(label: str, s: CellStats) -> str:
+        ms = [f"{v * 1000:.3g}" for v in (quantile(0.5, s), quantile(0.9, s), s.max_s)]
+        return f"metrics {label}: {s.count} times, p50 {ms[0]} ms, p90 {ms[1]} ms, max {ms[2]} ms"
+
+    for (role, stage), s in sorted(((k, v) for k, v in stats.items() if k[0] is not None), key=lambda kv: kv[0]):
+        yield line(f"{role}/{stage}", s)
+    steps = stats.get((STEP_KEY, STEP_KEY))
+    if steps is not None:
+        yield line("step", steps)
