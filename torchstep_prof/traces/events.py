@@ -16,6 +16,7 @@ __all__ = [
     "OP_CATEGORIES",
     "OpTime",
     "RegionRange",
+    "absurd_times",
     "is_operator",
     "iter_events",
     "outer_ranges",
@@ -100,6 +101,36 @@ def _number(value: Any, *, duration: bool = False) -> float | None:
     if not math.isfinite(number) or abs(number) > MAX_TIME_US or (duration and number < 0):
         return None
     return number
+
+
+def absurd_times(events: list[Any]) -> tuple[int, str]:
+    """How many events carry a ``ts`` or ``dur`` that is a number but no time (past
+    :data:`MAX_TIME_US`, NaN, infinite), and the first one in words (``""`` when none).
+
+    Such a file is corrupt: read around, its region would show as a 0.0 ms row. A negative
+    duration is ignored like a missing one, not counted here.
+
+    >>> absurd_times([{"ph": "X", "name": "aten::mm", "ts": 1e300, "dur": 1}])
+    (1, "'aten::mm' ts=1e+300")
+    """
+    count, first = 0, ""
+    for event in events:
+        if not isinstance(event, dict):
+            continue
+        for key in ("ts", "dur"):
+            value = event.get(key)
+            if type(value) is float or type(value) is int:
+                if -MAX_TIME_US <= value <= MAX_TIME_US:  # NaN fails this too
+                    continue
+                count += 1
+                if not first:
+                    if isinstance(value, int):
+                        shown = "a huge integer"
+                    else:
+                        shown = f"{value:.3g}" if math.isfinite(value) else "not finite"
+                    first = f"{str(event.get('name', ''))[:60]!r} {key}={shown}"
+                break
+    return count, first
 
 
 def region_roles(events: list[Any]) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Optional, Tuple
 
 import attrs
 
-from .events import OpTime, iter_events, region_ranges, region_time, top_ops
+from .events import MAX_TIME_US, OpTime, absurd_times, iter_events, region_ranges, region_time, top_ops
 from .fused import FusedRegions, RegionSpan, RegionTopOps, read_fused_regions
 from .loading import TraceReadError, describe_error as _describe, load_trace
 from .names import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
@@ -158,6 +158,12 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
         raise TraceReadError(f"{path}: not a Chrome trace (no traceEvents list)")
     fields = _identity(path, trace)
     base_ns = _base_time(path, trace)
+    absurd, example = absurd_times(events)
+    if absurd:
+        raise TraceReadError(
+            f"{path}: absurd times ({absurd} event(s) with a ts or dur that is no time: "
+            f"beyond {MAX_TIME_US:.0e} µs or not finite; first {example})"
+        )
     wall_ms, start_us = region_time(events, fields["step"])
     fused = FusedRegions()
     start_ns = None if base_ns is None or start_us is None else base_ns + round(start_us * 1000)
