@@ -4,7 +4,7 @@
         [--sleep-rank R --sleep-ms MS] [--matmuls N] [--keep-mib MIB]
 
 Each profiled step runs a ``trainer/forward`` region (``--matmuls`` matmuls, then, on
-``--sleep-rank``, a sleep of ``--sleep-ms`` before each of 3 all-reduces), and with
+``--sleep-rank``, a sleep of ``--sleep-ms`` before each of ``--allreduces`` all-reduces), and with
 ``--keep-mib`` a ``trainer/keep`` region that keeps a tensor of that size alive past the region
 and a ``trainer/temp`` region that only makes temporaries of that size.
 """
@@ -27,6 +27,7 @@ parser.add_argument("--sleep-ms", type=float, default=0.0)
 parser.add_argument("--matmuls", type=int, default=4)
 parser.add_argument("--keep-mib", type=int, default=0)
 parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--allreduces", type=int, default=1)
 args = parser.parse_args()
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
@@ -45,7 +46,7 @@ with tsp.schedule(steps=range(1, args.steps + 1)), tsp.ranks(all_ranks=True), ts
             with tsp.profile_region("trainer", "forward"):
                 for _ in range(args.matmuls):
                     torch.mm(a, a)
-                for _ in range(3):
+                for _ in range(args.allreduces):
                     if rank == args.sleep_rank:
                         time.sleep(args.sleep_ms / 1000.0)
                     dist.all_reduce(grad)

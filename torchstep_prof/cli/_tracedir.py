@@ -59,6 +59,24 @@ def add_pid_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
     )
 
 
+def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--jobs N`` and ``--no-cache``: how a large folder is read (see
+    :mod:`torchstep_prof.traces.cache`)."""
+    parser.add_argument(
+        "-j",
+        "--jobs",
+        type=int_at_least(1),
+        default=None,
+        metavar="N",
+        help="processes reading traces (default: the CPU cores; 1 reads in this process)",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="read every file again, neither using nor updating the per-file summary cache",
+    )
+
+
 def filters_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> TraceFilter:
     try:
         return TraceFilter(

@@ -18,8 +18,10 @@ from typing import Any, Callable, Iterable, Optional, Tuple
 import attrs
 
 from .events import MAX_TIME_US, OpTime, absurd_times, iter_events, region_ranges, region_time, top_ops
+from .collective_calls import CollectiveCall, read_collectives
 from .fused import FusedRegions, RegionSpan, RegionTopOps, read_fused_regions
 from .loading import TraceReadError, describe_error as _describe, load_trace
+from .memory_events import MemoryUse, read_memory
 from .names import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
 
 __all__ = [
@@ -58,7 +60,9 @@ class TraceInfo:
     nanoseconds when the trace has a base time. ``top_ops`` is filled only when asked for
     (``scan_traces(..., top=n)``). A fused trace also has its ``regions``' entries on the
     step's clock and (with ``top``) each region's ``region_ops``
-    (:mod:`~torchstep_prof.traces.fused`).
+    (:mod:`~torchstep_prof.traces.fused`). ``collectives`` are its collective events in order
+    (:mod:`~torchstep_prof.traces.collective_calls`), ``memory`` its ``[memory]`` events per device
+    (:mod:`~torchstep_prof.traces.memory_events`; empty unless recorded with ``contents("memory")``).
     """
 
     path: str
@@ -79,6 +83,8 @@ class TraceInfo:
     top_ops: Tuple[OpTime, ...] = ()
     regions: Tuple[RegionSpan, ...] = ()
     region_ops: Tuple[RegionTopOps, ...] = ()
+    collectives: Tuple[CollectiveCall, ...] = ()
+    memory: Tuple[MemoryUse, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -190,6 +196,8 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
         top_ops=fused.top_ops if fields["fused"] else top_ops(trace, top) if top > 0 else (),
         regions=fused.spans,
         region_ops=fused.region_ops,
+        collectives=read_collectives(events),
+        memory=read_memory(events),
     )
 
 

@@ -16,7 +16,9 @@ import attrs
 
 from ..summary.label_wrap import wrap_label
 from .runs import OtherRun
+from .collective_calls import CollectiveCall
 from .files import OpTime, TraceInfo, Unreadable
+from .memory_events import MemoryUse
 
 if TYPE_CHECKING:  # rich is imported where it renders: grouping traces does not need it
     from rich.console import Console
@@ -51,6 +53,8 @@ class RankTime:
     pid: Optional[int] = None
     role: str = ""
     top_ops: Tuple[OpTime, ...] = ()
+    collectives: Tuple[CollectiveCall, ...] = ()
+    memory: Tuple[MemoryUse, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -159,6 +163,8 @@ def summarize(
                         pid=i.pid,
                         role=i.role,
                         top_ops=i.top_ops[:top],
+                        collectives=i.collectives,
+                        memory=i.memory,
                     )
                     for i in infos
                 ),
