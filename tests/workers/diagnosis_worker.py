@@ -1,9 +1,9 @@
 """A 2-rank gloo job for tests/test_diagnosis.py: profiled steps of matmuls and all-reduces.
 
     python -m torch.distributed.run --nproc_per_node=2 diagnosis_worker.py OUT \
-        [--sleep-rank R --sleep-ms MS] [--matmuls N] [--keep-mib MIB]
+        [--sleep-rank R --sleep-ms MS] [--matmuls N --size S] [--keep-mib MIB]
 
-Each profiled step runs a ``trainer/forward`` region (``--matmuls`` matmuls, then, on
+Each profiled step runs a ``trainer/forward`` region (``--matmuls`` matmuls of ``--size`` square matrices, then, on
 ``--sleep-rank``, a sleep of ``--sleep-ms`` before each of ``--allreduces`` all-reduces), and with
 ``--keep-mib`` a ``trainer/keep`` region that keeps a tensor of that size alive past the region
 and a ``trainer/temp`` region that only makes temporaries of that size.
@@ -25,6 +25,7 @@ parser.add_argument("out")
 parser.add_argument("--sleep-rank", type=int, default=-1)
 parser.add_argument("--sleep-ms", type=float, default=0.0)
 parser.add_argument("--matmuls", type=int, default=4)
+parser.add_argument("--size", type=int, default=64)
 parser.add_argument("--keep-mib", type=int, default=0)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--allreduces", type=int, default=1)
@@ -33,7 +34,7 @@ args = parser.parse_args()
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 rank = dist.get_rank()
 torch.manual_seed(0)
-a = torch.randn(64, 64)
+a = torch.randn(args.size, args.size)
 grad = torch.ones(1024)
 kept = []
 contents = ("cpu", "memory") if args.keep_mib else ("cpu",)

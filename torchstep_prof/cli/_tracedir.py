@@ -100,8 +100,21 @@ def scan_folder(
     except OSError as exc:
         error(f"cannot read folder {args.directory}: {exc.strerror or exc}")
         return EXIT_USAGE
+    jobs = getattr(args, "jobs", None)
+    if jobs is None and not hasattr(args, "no_cache"):  # a command without --jobs / --no-cache
+        with _progress(len(paths)) as progress:
+            return scan_traces(paths, filters, top=top, progress=progress)
+    from ..traces.cache import SummaryCache
+    from ..traces.parallel import default_jobs, scan_paths
+
+    cache = None if args.no_cache else SummaryCache.for_folder(args.directory, recursive=args.recursive)
     with _progress(len(paths)) as progress:
-        return scan_traces(paths, filters, top=top, progress=progress)
+        scanned = scan_paths(
+            paths, filters, top=top, jobs=jobs or default_jobs(), cache=cache, progress=progress
+        )
+    if cache is not None and cache.problem:
+        print(f"note: {cache.problem}", file=sys.stderr)
+    return scanned
 
 
 @contextlib.contextmanager

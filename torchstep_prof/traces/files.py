@@ -33,11 +33,13 @@ __all__ = [
     "find_trace_files",
     "iter_events",
     "load_trace",
+    "read_or_skip",
     "read_trace_info",
     "scan_traces",
     "started_at",
     "top_ops",
     "trace_sort_key",
+    "wanted_by_name",
 ]
 
 METADATA_KEY = "torchstep_prof"
@@ -354,23 +356,32 @@ def scan_traces(
     infos: list[TraceInfo] = []
     unreadable: list[Unreadable] = []
     for done, path in enumerate(paths, 1):
-        if _wanted_by_name(path, filters):
-            try:
-                info = read_trace_info(path, top=top)
-            except TraceReadError as exc:
-                unreadable.append(Unreadable(path=path, reason=_reason(exc, path)))
-            except Exception as exc:  # never the end of a scan: the file is named and skipped
-                unreadable.append(Unreadable(path=path, reason=_describe(exc)))
-            else:
-                if filters.matches(info):
-                    infos.append(info)
+        if wanted_by_name(path, filters):
+            found = read_or_skip(path, top)
+            if isinstance(found, Unreadable):
+                unreadable.append(found)
+            elif filters.matches(found):
+                infos.append(found)
         if progress is not None:
             progress(done, len(paths))
     infos.sort(key=trace_sort_key)
     return infos, unreadable
 
 
-def _wanted_by_name(path: str, filters: TraceFilter) -> bool:
+def read_or_skip(path: str, top: int = 0) -> TraceInfo | Unreadable:
+    """:func:`read_trace_info` of ``path``, or the :class:`Unreadable` saying why it is skipped:
+    never raises, whatever the parser raised (a scan never ends on one file)."""
+    try:
+        return read_trace_info(path, top=top)
+    except TraceReadError as exc:
+        return Unreadable(path=path, reason=_reason(exc, path))
+    except Exception as exc:
+        return Unreadable(path=path, reason=_describe(exc))
+
+
+def wanted_by_name(path: str, filters: TraceFilter) -> bool:
+    """Whether ``path``'s name passes ``filters`` (a name that is no trace name passes: its
+    metadata decides once read)."""
     try:
         return filters.matches(parse_trace_name(path))
     except ValueError:

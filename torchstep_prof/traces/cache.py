@@ -1,0 +1,159 @@
+"""The per-file summary cache: what reading a trace found, kept so a second run reads no trace.
+
+One JSON file per trace folder, under the user's cache home (``$TORCHSTEP_PROF_CACHE_DIR``, else
+``$XDG_CACHE_HOME/torchstep_prof``, else ``~/.cache/torchstep_prof``), never in the trace folder:
+a read-only folder (a mounted bucket, another user's run) is cached like any other. Each entry is
+one file's description (:class:`~torchstep_prof.traces.files.TraceInfo`) or the reason it was
+skipped, keyed by the file's real path and valid while the file's size and modification time
+(nanoseconds) are unchanged and it was read with at least as many operators as asked for. A cache
+written by another version of torchstep_prof is ignored; one that cannot be read or written is
+no error (the folder is read as without one).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import secrets
+from typing import Any, Optional, Union
+
+import attrs
+
+from ._json import dumps, loads
+from .files import TraceInfo, Unreadable
+
+__all__ = ["CACHE_ENV", "SummaryCache", "cache_dir", "file_key"]
+
+CACHE_ENV = "TORCHSTEP_PROF_CACHE_DIR"
+_FORMAT = 1
+
+
+def cache_dir() -> str:
+    """Where summary caches live: ``$TORCHSTEP_PROF_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/torchstep_prof``, else ``~/.cache/torchstep_prof``."""
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(home, "torchstep_prof")
+
+
+def file_key(path: str) -> Optional[tuple[str, int, int]]:
+    """(real path, size, mtime in ns) of ``path``; None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return os.path.realpath(path), st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=1)
+def _converter() -> Any:
+    import cattrs
+
+    return cattrs.Converter()
+
+
+class SummaryCache:
+    """The cache of one trace folder: :meth:`get` an entry, :meth:`put` new ones, :meth:`save`.
+
+    >>> cache = SummaryCache.for_folder("outputs/profile")  # doctest: +SKIP
+    >>> cache.get("outputs/profile/x.json", top=5)           # doctest: +SKIP
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._changed = False
+        self.problem: Optional[str] = None
+        self._load()
+
+    @classmethod
+    def for_folder(cls, directory: str, *, recursive: bool = False) -> SummaryCache:
+        """The cache of ``directory`` (its subfolders too when ``recursive``)."""
+        what = f"{os.path.realpath(directory)}\0{int(recursive)}".encode()
+        name = f"summaries-{hashlib.sha256(what).hexdigest()[:32]}.json"
+        return cls(os.path.join(cache_dir(), name))
+
+    def _load(self) -> None:
+        from .. import __version__
+
+        try:
+            with open(self.path, "rb") as handle:
+                doc = loads(handle.read())
+        except FileNotFoundError:
+            return
+        except Exception:  # a torn or foreign file: start afresh, it is rewritten on save
+            return
+        if (
+            isinstance(doc, dict)
+            and doc.get("format") == _FORMAT
+            and doc.get("version") == __version__
+            and isinstance(doc.get("entries"), dict)
+        ):
+            self._entries = doc["entries"]
+
+    def get(self, path: str, top: int) -> Union[TraceInfo, Unreadable, None]:
+        """What reading ``path`` with ``top`` operators gave last time, when still valid."""
+        key = file_key(path)
+        entry = self._entries.get(key[0]) if key else None
+        if not entry or entry.get("size") != key[1] or entry.get("mtime_ns") != key[2]:
+            return None
+        try:
+            if "reason" in entry:
+                return Unreadable(path=path, reason=entry["reason"])
+            if entry.get("top", 0) < top:
+                return None
+            info = _converter().structure(dict(entry["info"], path=path), TraceInfo)
+        except Exception:  # an entry this code cannot rebuild: read the file again
+            return None
+        return _trimmed(info, top)
+
+    def put(self, path: str, result: Union[TraceInfo, Unreadable], top: int) -> None:
+        """Remember ``result`` of reading ``path`` with ``top`` operators."""
+        key = file_key(path)
+        if key is None:
+            return
+        entry: dict[str, Any] = {"size": key[1], "mtime_ns": key[2]}
+        if isinstance(result, Unreadable):
+            entry["reason"] = result.reason
+        else:
+            info = _converter().unstructure(result)
+            info.pop("path", None)
+            entry.update(top=top, info=info)
+        self._entries[key[0]] = entry
+        self._changed = True
+
+    def save(self) -> None:
+        """Write the cache if anything changed (atomically); a failure is kept in ``problem``."""
+        if not self._changed:
+            return
+        from .. import __version__
+
+        folder = os.path.dirname(self.path)
+        tmp = f"{self.path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            doc = {"format": _FORMAT, "version": __version__, "entries": self._entries}
+            with open(tmp, "wb") as handle:
+                handle.write(dumps(doc))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            self.problem = f"cannot write the summary cache {self.path}: {exc.strerror or exc}"
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        else:
+            self._changed = False
+
+
+def _trimmed(info: TraceInfo, top: int) -> TraceInfo:
+    """``info`` with its operator lists cut to ``top`` (a cache entry may hold more)."""
+    if len(info.top_ops) <= top and all(len(r.ops) <= top for r in info.region_ops):
+        return info
+    return attrs.evolve(
+        info,
+        top_ops=info.top_ops[:top],
+        region_ops=tuple(attrs.evolve(r, ops=r.ops[:top]) for r in info.region_ops) if top else (),
+    )
