@@ -44,6 +44,9 @@ with tsp.schedule(steps=range(1, args.steps + 1)), tsp.ranks(all_ranks=True), ts
 ), tsp.configure(save_path=args.out):
     for n in range(0, args.steps + 1):
         with tsp.step(n):
+            # Ranks enter the region together: the profiler's start-up before a rank's first
+            # region differs between ranks and would add to the first collective's wait.
+            dist.barrier()
             with tsp.profile_region("trainer", "forward"):
                 for _ in range(args.matmuls):
                     torch.mm(a, a)

@@ -15,6 +15,7 @@ import os
 from typing import Any, Iterable, Sequence
 
 from .findings import describe_finding
+from .report_diagnosis import baseline_section, memory_section, waits_section
 from .report_template import PAGE, SCRIPT, STYLE
 from .report import Report, TimelineBar
 from .summarize import STRAGGLER_MIN_MS, GroupSummary
@@ -57,6 +58,8 @@ def render_page(report: Report, plotlyjs: str) -> str:
         return f'<div class="chart {css}" data-fig="{len(figures) - 1}"></div>'
 
     body = [_header(report), _findings(report)]
+    # The diagnosis sections (each only when there is something to show) come next.
+    body += [waits_section(report, chart), memory_section(report, chart), baseline_section(report, chart)]
     steps = sorted({g.step for g in report.summary.groups})
     for step in steps:
         bars = [b for b in report.bars if b.step == step]
