@@ -227,3 +227,33 @@ def test_diff_and_the_cached_summary_import_no_torch(late_rank: Path, tmp_path: 
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "False"
+
+
+# --- the report's new sections, in headless Chromium --------------------------------------------
+
+
+def test_report_draws_waits_memory_and_the_baseline(late_rank: Path, two_runs, tmp_path: Path) -> None:
+    pytest.importorskip("plotly", reason="plotly is not installed (the [report] extra)")
+    from browser import probe_page
+
+    base, _ = two_runs
+    page = tmp_path / "report.html"
+    done = cli("report", late_rank, "-o", page, "--baseline", base, "--no-cache")
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    for section in ("Collective waits", "Memory per region", "Against the baseline"):
+        assert f"<h2>{section}</h2>" in text
+    assert text.index("What stands out") < text.index("Collective waits") < text.index("Step 1</h2>")
+    assert "trainer/forward step 2: rank 1 arrived last at" in text
+    assert "trainer/keep step 1 (cpu): peak 64.0 MiB, net +64.0 MiB" in text
+    assert "<td>trainer/keep</td><td>-</td>" in text  # a region the baseline lacks
+    probe = probe_page(page)
+    assert probe["errors"] == []
+    kinds = {c["kind"]: c for c in probe["charts"] if c["kind"] in ("waits", "memory", "diff")}
+    assert set(kinds) == {"waits", "memory", "diff"}
+    # A bar per rank and step; rank 1, which arrived last, waited ~0 ms: its bars have no height.
+    assert kinds["waits"]["bars"] == 4
+    assert "rank 0" in kinds["waits"]["text"] and "rank 1" in kinds["waits"]["text"]
+    # keep: a peak and a net bar per step; temp: a peak bar (its net is 0 MiB: no height).
+    assert kinds["memory"]["bars"] >= 3 * 4
+    assert kinds["diff"]["bars"] >= 1 and "aten::mm" in kinds["diff"]["text"]
