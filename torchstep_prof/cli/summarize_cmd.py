@@ -6,7 +6,6 @@ flagged, top operators by self time; ``--json`` for machines."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from . import _tracedir
@@ -38,7 +37,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..traces.collectives import find_waits, waits_to_dicts
     from ..traces.findings import FINDINGS_DEPTH, find_findings, findings_to_dicts
     from ..traces.memory import find_memory, memory_to_dicts
-    from ..traces.summarize import default_title, render_summary, summarize, summary_to_dict
+    from ..traces.summarize import (
+        default_title,
+        render_summary,
+        summarize,
+        summary_to_dict,
+        trim_summary,
+    )
 
     filters = _tracedir.filters_from_args(parser, args)
     # Findings and the late rank of collectives compare ranks operator by operator: read deeper
@@ -49,22 +54,19 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return scanned
     infos, unreadable = scanned
     infos, other_runs = _tracedir.newest_runs(infos)
-    summary = summarize(
-        infos,
-        unreadable,
-        straggler_ratio=args.straggler_ratio,
-        top=args.top,
-        other_runs=other_runs,
+    deep = summarize(
+        infos, unreadable, straggler_ratio=args.straggler_ratio, top=depth, other_runs=other_runs
     )
-    deep = summarize(infos, unreadable, straggler_ratio=args.straggler_ratio, top=depth)
+    summary = trim_summary(deep, args.top)
     waits, memory = find_waits(deep), find_memory(deep)
     if args.json:
         doc = summary_to_dict(summary)
         doc["findings"] = findings_to_dicts(find_findings(deep))
         doc["collectives"] = waits_to_dicts(waits)
         doc["memory"] = memory_to_dicts(memory)
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        from ..traces._json import dumps_indented
+
+        sys.stdout.write(dumps_indented(doc) + "\n")
         _tracedir.report_unreadable(unreadable)
     else:
         title = default_title(args.directory, summary)

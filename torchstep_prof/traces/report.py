@@ -20,7 +20,7 @@ from .diff import DiffResult
 from .findings import FINDINGS_DEPTH, Finding, find_findings
 from .memory import RegionMemory, find_memory
 from .names import parse_trace_name
-from .summarize import DEFAULT_STRAGGLER_RATIO, Summary, summarize
+from .summarize import DEFAULT_STRAGGLER_RATIO, Summary, summarize, trim_summary
 from .files import OpTime, TraceInfo, Unreadable, started_at
 
 __all__ = ["REGION_TOP_OPS", "RegionOps", "Report", "TimelineBar", "build_report"]
@@ -109,7 +109,11 @@ def build_report(
     return Report(
         directory=directory,
         generated=dt.datetime.now(dt.timezone.utc),
-        summary=summarize(infos, unreadable, straggler_ratio=straggler_ratio, top=top),
+        summary=(
+            trim_summary(deep, top)
+            if top <= FINDINGS_DEPTH
+            else summarize(infos, unreadable, straggler_ratio=straggler_ratio, top=top)
+        ),
         findings=find_findings(deep),
         bars=tuple(sorted((bar for info in infos for bar in _bars(info)), key=_bar_order)),
         regions=_region_ops(infos, top),

@@ -34,6 +34,7 @@ __all__ = [
     "render_summary",
     "summarize",
     "summary_to_dict",
+    "trim_summary",
 ]
 
 DEFAULT_STRAGGLER_RATIO = 1.25
@@ -183,6 +184,22 @@ def summarize(
         straggler_ratio=straggler_ratio,
         other_runs=tuple(other_runs),
     )
+
+
+def trim_summary(summary: Summary, top: int) -> Summary:
+    """``summary`` with every operator list cut to ``top``: what :func:`summarize` with ``top``
+    gives, without summing the operators again (a deep summary serves both).
+
+    Both rank operators the same way, so the first ``top`` of a deeper list are the list."""
+    groups = tuple(
+        attrs.evolve(
+            g,
+            top_ops=g.top_ops[:top],
+            ranks=tuple(attrs.evolve(r, top_ops=r.top_ops[:top]) for r in g.ranks),
+        )
+        for g in summary.groups
+    )
+    return attrs.evolve(summary, groups=groups)
 
 
 _FUSED_KEY = "\0fused"  # groups fused traces by step whatever their roles; never a label
