@@ -1,7 +1,7 @@
 """``summarize`` and ``report`` of 20,000 traces: several processes, and the per-file cache.
 
-The folder: one real trace recorded by the engine (a ``trainer/forward`` region of one small MLP
-training step, ~20 KB), cloned into 20,000 files (2,000 with ``--quick``) as a run of 8 ranks x 5 regions would
+The folder: one real trace recorded by the engine (a ``trainer/forward`` region of three small MLP
+training steps, ~110 KB; real regions are often MBs), cloned into 20,000 files (2,000 with ``--quick``) as a run of 8 ranks x 5 regions would
 leave them (metadata, names and clocks rewritten). Each command runs in a fresh interpreter, as a
 person runs it, with a cache folder of its own (``TORCHSTEP_PROF_CACHE_DIR``).
 
@@ -33,6 +33,7 @@ RANKS = 8
 REGIONS = (("rollout", "generate"), ("actor", "compute_log_prob"), ("ref", "compute_log_prob"),
            ("critic", "update"), ("actor", "update"))  # fmt: skip
 WARM_LIMIT = 0.1
+TEMPLATE_STEPS = 3  # MLP steps in the cloned trace (~110 KB, as bench_report's): a small region
 
 _CHILD = """
 import sys, time
@@ -51,7 +52,8 @@ def make_template(folder: str) -> dict:
     mlp_step = _timing.make_mlp_step(optimizer=False)
     with tsp.configure(save_path=folder, summary=False), tsp.contents("cpu"), tsp.schedule(steps=[1]):
         with tsp.profile_region("trainer", "forward", step=1):
-            mlp_step()
+            for _ in range(TEMPLATE_STEPS):
+                mlp_step()
     (path,) = Path(folder).glob("*.json")
     return json.loads(path.read_text())
 
