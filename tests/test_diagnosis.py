@@ -107,6 +107,20 @@ def test_a_collective_one_rank_lacks_is_counted_and_named(late_rank: Path, tmp_p
     assert f"1 unmatched ({gloo[-1]['name']})" in " ".join(done.stdout.split())
 
 
+def test_the_late_rank_s_extra_operators_are_named(tmp_path: Path) -> None:
+    """Rank 1 is late because it does 40 more matmuls of 384x384 before each all-reduce."""
+    folder = job(tmp_path, "--sleep-rank", 1, "--extra-matmuls", 40, "--size", 384, "--steps", 2)
+    waits = summary(folder)["collectives"]
+    assert [w["step"] for w in waits] == [1, 2]
+    for w in waits:
+        assert w["late_rank"] == 1, w
+        assert w["late_ops"] and w["late_ops"][0]["name"] == "aten::mm", w
+        top = w["late_ops"][0]
+        assert top["delta_ms"] == pytest.approx(top["self_ms"] - top["others_self_ms"], abs=2e-3)
+    done = cli("summarize", folder, "--no-cache")
+    assert "its extra time: aten::mm (+" in " ".join(done.stdout.split())
+
+
 # --- memory per region ---------------------------------------------------------------------------
 
 

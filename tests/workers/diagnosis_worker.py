@@ -4,7 +4,8 @@
         [--sleep-rank R --sleep-ms MS] [--matmuls N --size S] [--keep-mib MIB]
 
 Each profiled step runs a ``trainer/forward`` region (``--matmuls`` matmuls of ``--size`` square matrices, then, on
-``--sleep-rank``, a sleep of ``--sleep-ms`` before each of ``--allreduces`` all-reduces), and with
+``--sleep-rank``, a sleep of ``--sleep-ms`` and ``--extra-matmuls`` more matmuls before each of
+``--allreduces`` all-reduces), and with
 ``--keep-mib`` a ``trainer/keep`` region that keeps a tensor of that size alive past the region
 and a ``trainer/temp`` region that only makes temporaries of that size.
 """
@@ -26,6 +27,7 @@ parser.add_argument("--sleep-rank", type=int, default=-1)
 parser.add_argument("--sleep-ms", type=float, default=0.0)
 parser.add_argument("--matmuls", type=int, default=4)
 parser.add_argument("--size", type=int, default=64)
+parser.add_argument("--extra-matmuls", type=int, default=0)
 parser.add_argument("--keep-mib", type=int, default=0)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--allreduces", type=int, default=1)
@@ -53,6 +55,8 @@ with tsp.schedule(steps=range(1, args.steps + 1)), tsp.ranks(all_ranks=True), ts
                 for _ in range(args.allreduces):
                     if rank == args.sleep_rank:
                         time.sleep(args.sleep_ms / 1000.0)
+                        for _ in range(args.extra_matmuls):
+                            torch.mm(a, a)
                     dist.all_reduce(grad)
             if args.keep_mib:
                 elements = args.keep_mib * 1024 * 1024 // 4

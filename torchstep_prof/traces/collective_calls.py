@@ -8,6 +8,7 @@ On GPU: the NCCL kernels and torch's ``record_param_comms`` ranges.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterable, Optional, Tuple
 
 import attrs
@@ -25,8 +26,9 @@ so they measure waits only where nothing better is recorded."""
 class CollectiveCall:
     """One collective event of a trace: its kind (:data:`WAIT_KINDS`), name and duration."""
 
-    kind: str
-    name: str
+    kind: str = attrs.field(converter=sys.intern)
+    # Interned: a folder's traces repeat the same few names thousands of times.
+    name: str = attrs.field(converter=sys.intern)
     dur_ms: float
 
 
