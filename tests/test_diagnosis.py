@@ -121,6 +121,19 @@ def test_the_late_rank_s_extra_operators_are_named(tmp_path: Path) -> None:
     assert "its extra time: aten::mm (+" in " ".join(done.stdout.split())
 
 
+def test_fused_traces_match_collectives_per_step(tmp_path: Path) -> None:
+    folder = job(tmp_path, "--sleep-rank", 1, "--sleep-ms", 30, "--steps", 2, "--fused")
+    doc = summary(folder)
+    waits = doc["collectives"]
+    assert [(w["stage"], w["step"], w["fused"]) for w in waits] == [("train", 1, True), ("train", 2, True)]
+    for w in waits:
+        ranks = {r["rank"]: r for r in w["ranks"]}
+        assert w["late_rank"] == 1 and ranks[0]["wait_ms"] >= 20, w
+    diff = json.loads(cli("diff", folder, "--step", 1, "--step", 2, "--json").stdout)
+    assert "trainer/forward" in {r["region"] for r in diff["regions"]}
+    assert ("trainer/forward", "aten::mm") in {(o["region"], o["name"]) for o in diff["ops"]}
+
+
 # --- memory per region ---------------------------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ parser.add_argument("--sleep-ms", type=float, default=0.0)
 parser.add_argument("--matmuls", type=int, default=4)
 parser.add_argument("--size", type=int, default=64)
 parser.add_argument("--extra-matmuls", type=int, default=0)
+parser.add_argument("--fused", action="store_true", help="one trace per step (discrete=False)")
 parser.add_argument("--keep-mib", type=int, default=0)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--allreduces", type=int, default=1)
@@ -43,7 +44,7 @@ contents = ("cpu", "memory") if args.keep_mib else ("cpu",)
 
 with tsp.schedule(steps=range(1, args.steps + 1)), tsp.ranks(all_ranks=True), tsp.contents(
     *contents
-), tsp.configure(save_path=args.out):
+), tsp.configure(save_path=args.out, discrete=not args.fused):
     for n in range(0, args.steps + 1):
         with tsp.step(n):
             # Ranks enter the region together: the profiler's start-up before a rank's first

@@ -29,9 +29,11 @@ __all__ = [
 ]
 
 LATE_SHARE = 0.5
-"""A group names its late rank when that rank arrived last at more than this share of the
-matched collectives (and the others waited :data:`~torchstep_prof.traces.summarize.STRAGGLER_MIN_MS`
-or more for it)."""
+"""A group names its late rank when the collectives it arrived last at hold more than this share
+of all the group's waiting (and a rank waited
+:data:`~torchstep_prof.traces.summarize.STRAGGLER_MIN_MS` or more). Weighing by wait, not by
+count: a barrier every rank reaches together must not outvote the all-reduce a rank is 30 ms
+late for."""
 
 LATE_MIN_MS = 0.05
 """Durations closer than this across ranks have no last arrival: the collective is a tie."""
@@ -42,11 +44,13 @@ LATE_OPS = 5
 
 @attrs.frozen(kw_only=True)
 class RankWait:
-    """One rank of a group: its total wait in collectives and how often it arrived last."""
+    """One rank of a group: its total wait in collectives, how often it arrived last, and how
+    long the others waited at those collectives (``caused_ms``)."""
 
     rank: int
     wait_ms: float
     last: int
+    caused_ms: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -64,8 +68,9 @@ class CollectiveWaits:
     """The collectives of one group (role, stage, step, occurrence; a fused step) across ranks.
 
     ``kind`` is the kind waits are taken from; ``matched`` its collectives found on every rank.
-    ``late_rank`` is named when it arrived last at more than :data:`LATE_SHARE` of them and the
-    others waited for it; ``ops`` are then its operators with the most self time over the other
+    ``late_rank`` is named when the collectives it arrived last at hold more than
+    :data:`LATE_SHARE` of the group's waiting and the others waited for it; ``ops`` are then
+    its operators with the most self time over the other
     ranks' mean. ``unmatched`` lists every collective (of any kind) some rank lacks.
     """
 
@@ -116,6 +121,7 @@ def _group_waits(group: GroupSummary) -> Optional[CollectiveWaits]:
     kind = next((k for k in WAIT_KINDS if any(key[0] == k for key in everywhere)), WAIT_KINDS[0])
     waits = {rank: 0.0 for rank in rows}
     last = {rank: 0 for rank in rows}
+    caused = {rank: 0.0 for rank in rows}  # the others' wait at the collectives a rank was last at
     matched = [key for key in everywhere if key[0] == kind]
     for key in matched:
         durations = {rank: keyed[rank][key] for rank in rows}
@@ -123,8 +129,12 @@ def _group_waits(group: GroupSummary) -> Optional[CollectiveWaits]:
         for rank, dur in durations.items():
             waits[rank] += dur - shortest
         if max(durations.values()) - shortest >= LATE_MIN_MS:
-            last[min(sorted(durations), key=lambda r: durations[r])] += 1
-    ranks = tuple(RankWait(rank=r, wait_ms=waits[r], last=last[r]) for r in sorted(rows))
+            late = min(sorted(durations), key=lambda r: durations[r])
+            last[late] += 1
+            caused[late] += sum(durations.values()) - len(durations) * shortest
+    ranks = tuple(
+        RankWait(rank=r, wait_ms=waits[r], last=last[r], caused_ms=caused[r]) for r in sorted(rows)
+    )
     late, ops = _late_rank(ranks, len(matched), rows)
     return CollectiveWaits(
         role=group.role,
@@ -159,9 +169,10 @@ def _late_rank(
 ) -> tuple[Optional[int], Tuple[Any, ...]]:
     if not matched:
         return None, ()
-    late = max(ranks, key=lambda r: (r.last, -r.rank))
+    late = max(ranks, key=lambda r: (r.caused_ms, r.last, -r.rank))
     others = [r for r in ranks if r.rank != late.rank]
-    if late.last <= LATE_SHARE * matched or max(r.wait_ms for r in others) < STRAGGLER_MIN_MS:
+    total = sum(r.wait_ms for r in ranks)
+    if late.caused_ms <= LATE_SHARE * total or max(r.wait_ms for r in others) < STRAGGLER_MIN_MS:
         return None, ()
     mine = {op.name: op.self_ms for op in rows[late.rank].top_ops}
     theirs: dict[str, float] = {}
@@ -180,7 +191,7 @@ def waits_to_dicts(waits: Iterable[CollectiveWaits]) -> list[dict[str, Any]]:
     """The ``collectives`` list of ``summarize --json``::
 
     [{"role", "stage", "step", "occurrence", "fused", "kind", "matched",
-      "ranks": [{"rank", "wait_ms", "last", "last_pct"}],
+      "ranks": [{"rank", "wait_ms", "last", "last_pct", "caused_ms"}],
       "late_rank": <rank or null>, "late_pct": <% or null>,
       "late_ops": [{"name", "self_ms", "others_self_ms", "delta_ms"}],
       "unmatched_count", "unmatched": [{"kind", "name", "ordinal", "ranks"}]}]
@@ -196,7 +207,7 @@ def waits_to_dicts(waits: Iterable[CollectiveWaits]) -> list[dict[str, Any]]:
             "matched": w.matched,
             "ranks": [
                 {"rank": r.rank, "wait_ms": round(r.wait_ms, 3), "last": r.last,
-                 "last_pct": round(100 * w.share(r.rank), 1)}
+                 "last_pct": round(100 * w.share(r.rank), 1), "caused_ms": round(r.caused_ms, 3)}
                 for r in w.ranks
             ],  # fmt: skip
             "late_rank": w.late_rank,
@@ -229,7 +240,7 @@ def describe_waits(w: CollectiveWaits) -> str:
         f"rank {r.rank} waited {_ms(r.wait_ms)}" for r in w.ranks if r.rank != w.late_rank
     )
     if w.late_rank is None:
-        text = f"{where}: no rank arrives last most of the time ({w.matched} {w.kind} collectives; {waited})"
+        text = f"{where}: no rank makes the others wait ({w.matched} {w.kind} collectives; {waited})"
     else:
         late = next(r for r in w.ranks if r.rank == w.late_rank)
         text = (
