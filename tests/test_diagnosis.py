@@ -225,6 +225,43 @@ def test_the_cache_gives_the_same_summary_and_follows_changed_files(late_rank: P
     assert next(r for r in group["ranks"] if r["rank"] == 0)["wall_ms"] == 123.456
 
 
+def test_the_cache_forgets_files_that_are_gone(late_rank: Path, tmp_path: Path) -> None:
+    folder, cache = tmp_path / "traces", tmp_path / "cache"
+    shutil.copytree(late_rank, folder)
+    assert cli("summarize", folder, "--json", cache=cache).returncode == 0
+    (path,) = cache.iterdir()
+    before = len(json.loads(path.read_text())["entries"])
+    assert before == len(list(folder.iterdir()))
+    next(folder.glob("trainer_keep_step1_rank0-*.json")).unlink()
+    next(folder.glob("trainer_keep_step2_rank0-*.json")).write_text("{}")  # now unreadable
+    done = cli("summarize", folder, "--json", cache=cache)
+    assert done.returncode == 0 and "not a Chrome trace" in done.stderr
+    assert len(json.loads(path.read_text())["entries"]) == before - 1
+
+
+def test_a_cache_that_cannot_be_written_is_a_note_not_an_error(late_rank: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    done = cli("summarize", late_rank, "--json", cache=blocker / "cache")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == summary(late_rank)
+    assert f"note: cannot write the summary cache {blocker / 'cache'}" in done.stderr
+
+
+def test_a_cache_of_another_version_or_torn_is_ignored(late_rank: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert cli("summarize", late_rank, "--json", cache=cache).returncode == 0
+    (path,) = cache.iterdir()
+    doc = json.loads(path.read_text())
+    for entry in doc["entries"].values():  # the same files, described wrongly
+        entry["info"][5] = 99999.0  # wall_ms (the fields of TraceInfo in order, path aside)
+    doc["version"] = "0.0.0-other"
+    path.write_text(json.dumps(doc))
+    assert json.loads(cli("summarize", late_rank, "--json", cache=cache).stdout) == summary(late_rank)
+    path.write_text(path.read_text()[:100])  # torn
+    assert json.loads(cli("summarize", late_rank, "--json", cache=cache).stdout) == summary(late_rank)
+
+
 def test_several_processes_read_as_one_does(late_rank: Path, tmp_path: Path) -> None:
     # Enough files for the workers to start (PARALLEL_MIN_FILES): the job's traces, copied.
     folder = tmp_path / "many"

@@ -33,6 +33,11 @@ CACHE_ENV = "TORCHSTEP_PROF_CACHE_DIR"
 _FORMAT = 2
 
 
+_NOT_CONTENTS = ("cannot read", "not a regular file", "a symbolic link")
+"""Reasons a file is skipped that its contents do not decide (see
+:mod:`~torchstep_prof.traces.loading`): never cached."""
+
+
 def cache_dir() -> str:
     """Where summary caches live: ``$TORCHSTEP_PROF_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/torchstep_prof``, else ``~/.cache/torchstep_prof``."""
@@ -120,6 +125,7 @@ class SummaryCache:
         self.path = path
         self._entries: dict[str, dict[str, Any]] = {}
         self._changed = False
+        self._seen: set[str] = set()
         self.problem: Optional[str] = None
         self._load()
 
@@ -151,6 +157,8 @@ class SummaryCache:
     def get(self, path: str, top: int) -> Union[TraceInfo, Unreadable, None]:
         """What reading ``path`` with ``top`` operators gave last time, when still valid."""
         key = file_key(path)
+        if key is not None:
+            self._seen.add(key[0])
         entry = self._entries.get(key[0]) if key else None
         if not entry or entry.get("size") != key[1] or entry.get("mtime_ns") != key[2]:
             return None
@@ -171,6 +179,8 @@ class SummaryCache:
             return
         entry: dict[str, Any] = {"size": key[1], "mtime_ns": key[2]}
         if isinstance(result, Unreadable):
+            if result.reason.startswith(_NOT_CONTENTS):
+                return  # a permission, a link, a kind of file: may change with neither
             entry["reason"] = result.reason
         else:
             entry.update(top=top, info=_encode_info(result))
@@ -183,6 +193,9 @@ class SummaryCache:
             return
         from .. import __version__
 
+        # Files gone since: their entries go (a folder that is cleaned keeps a small cache).
+        for key in [k for k in self._entries if k not in self._seen and not os.path.exists(k)]:
+            del self._entries[key]
         folder = os.path.dirname(self.path)
         tmp = f"{self.path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
