@@ -134,6 +134,26 @@ def test_fused_traces_match_collectives_per_step(tmp_path: Path) -> None:
     assert ("trainer/forward", "aten::mm") in {(o["region"], o["name"]) for o in diff["ops"]}
 
 
+def test_nccl_kernels_are_matched_before_gloo_annotations(late_rank: Path, tmp_path: Path) -> None:
+    """The job's real traces with each gloo annotation copied as the NCCL kernel a GPU job would
+    record (same durations, on a stream track): waits are taken from the kernels."""
+    folder = tmp_path / "nccl"
+    shutil.copytree(late_rank, folder)
+    for path in folder.glob("trainer_forward_*.json"):
+        trace = json.loads(path.read_text())
+        kernels = [
+            dict(e, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL", cat="kernel", tid=7, dur=e["dur"] / 2)
+            for e in trace["traceEvents"] if str(e.get("name", "")).startswith("gloo:")
+        ]  # fmt: skip
+        trace["traceEvents"].extend(kernels)
+        path.write_text(json.dumps(trace))
+    waits = [w for w in summary(folder)["collectives"] if w["stage"] == "forward"]
+    assert waits and all(w["kind"] == "nccl" and w["late_rank"] == 1 for w in waits), waits
+    for w in waits:
+        rank0 = next(r for r in w["ranks"] if r["rank"] == 0)
+        assert 10 <= rank0["wait_ms"] <= 30, w  # half the gloo wait: the kernels' durations
+
+
 # --- memory per region ---------------------------------------------------------------------------
 
 
