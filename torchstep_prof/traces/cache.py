@@ -157,9 +157,10 @@ class SummaryCache:
     def get(self, path: str, top: int) -> Union[TraceInfo, Unreadable, None]:
         """What reading ``path`` with ``top`` operators gave last time, when still valid."""
         key = file_key(path)
-        if key is not None:
-            self._seen.add(key[0])
-        entry = self._entries.get(key[0]) if key else None
+        if key is None:
+            return None
+        self._seen.add(key[0])
+        entry = self._entries.get(key[0])
         if not entry or entry.get("size") != key[1] or entry.get("mtime_ns") != key[2]:
             return None
         try:

@@ -49,8 +49,8 @@ def read_collectives(events: Iterable[Any]) -> Tuple[CollectiveCall, ...]:
         kind = _kind(name, event.get("cat"))
         if kind is None:
             continue
-        ts, dur = event.get("ts"), event.get("dur")
-        if type(ts) not in (int, float) or type(dur) not in (int, float) or not dur >= 0:
+        ts, dur = _time(event.get("ts")), _time(event.get("dur"))
+        if ts is None or dur is None or not dur >= 0:
             continue
         if kind == "comms":  # torch names the collective in the range's arguments
             args = event.get("args")
@@ -59,6 +59,11 @@ def read_collectives(events: Iterable[Any]) -> Tuple[CollectiveCall, ...]:
         found.append((float(ts), kind, name, float(dur)))
     found.sort(key=lambda row: row[0])
     return tuple(CollectiveCall(kind=k, name=n, dur_ms=d / 1000.0) for _, k, n, d in found)
+
+
+def _time(value: Any) -> Optional[float]:
+    """A JSON number as a float (a bool is no time); None for anything else."""
+    return float(value) if type(value) in (int, float) else None
 
 
 def _kind(name: str, cat: Any) -> Optional[str]:

@@ -129,9 +129,9 @@ def _group_waits(group: GroupSummary) -> Optional[CollectiveWaits]:
         for rank, dur in durations.items():
             waits[rank] += dur - shortest
         if max(durations.values()) - shortest >= LATE_MIN_MS:
-            late = min(sorted(durations), key=lambda r: durations[r])
-            last[late] += 1
-            caused[late] += sum(durations.values()) - len(durations) * shortest
+            first_out = min(sorted(durations), key=lambda r: durations[r])  # waited least
+            last[first_out] += 1
+            caused[first_out] += sum(durations.values()) - len(durations) * shortest
     ranks = tuple(
         RankWait(rank=r, wait_ms=waits[r], last=last[r], caused_ms=caused[r]) for r in sorted(rows)
     )

@@ -66,21 +66,24 @@ def read_memory(events: Iterable[Any], top: int = MEMORY_TOP_OPS) -> Tuple[Memor
     for event in events:
         if not isinstance(event, dict):
             continue
-        name, ts = event.get("name"), event.get("ts")
-        if type(ts) not in (int, float) or not -MAX_TIME_US <= ts <= MAX_TIME_US:
+        name, raw_ts = event.get("name"), event.get("ts")
+        if not isinstance(raw_ts, (int, float)) or not -MAX_TIME_US <= raw_ts <= MAX_TIME_US:
             continue
+        ts = float(raw_ts)
         track = repr((event.get("pid"), event.get("tid")))
         if name == MEMORY_EVENT:
             args = event.get("args")
-            size = args.get("Bytes") if isinstance(args, dict) else None
+            if not isinstance(args, dict):
+                continue
+            size = args.get("Bytes")
             if type(size) is int:
                 device = device_name(args.get("Device Type"), args.get("Device Id"))
-                threads.setdefault(track, []).append((float(ts), 1, size, device))
+                threads.setdefault(track, []).append((ts, 1, size, device))
                 memory = True
         elif event.get("ph") == "X" and type(name) is str and is_operator(name, event.get("cat", "")):
             dur = event.get("dur")
-            if type(dur) in (int, float) and 0 <= dur <= MAX_TIME_US:
-                threads.setdefault(track, []).append((float(ts), 0, ts + dur, name))
+            if isinstance(dur, (int, float)) and 0 <= dur <= MAX_TIME_US:
+                threads.setdefault(track, []).append((ts, 0, ts + float(dur), name))
     if not memory:
         return ()
     changes: list[tuple[float, str, int]] = []
