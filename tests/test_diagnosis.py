@@ -329,6 +329,8 @@ def test_report_draws_waits_memory_and_the_baseline(late_rank: Path, two_runs, t
         assert f"<h2>{section}</h2>" in text
     assert text.index("What stands out") < text.index("Collective waits") < text.index("Step 1</h2>")
     assert "trainer/forward step 2: rank 1 arrived last at" in text
+    stands_out = text[text.index("What stands out") : text.index("<h2>Collective waits</h2>")]
+    assert '<a href="#waits">trainer/forward step 2: rank 1 arrived last at' in stands_out
     assert "trainer/keep step 1 (cpu): peak 64.0 MiB, net +64.0 MiB" in text
     assert "<td>trainer/keep</td><td>-</td>" in text  # a region the baseline lacks
     probe = probe_page(page)
