@@ -1,6 +1,7 @@
 """Run every bench script, each in its own interpreter, and write ``bench/RESULTS.md``.
 
-    python bench/run_all.py            # the full run (about 2-3 minutes on 2 cores)
+    python bench/run_all.py            # the full run (about 8-10 minutes on 2 cores, 6 of them
+                                       # bench_scale's 20,000 traces)
     python bench/run_all.py --quick    # fewer rounds, a smoke run
     python bench/run_all.py --only bench_export --only bench_import
 
@@ -38,7 +39,7 @@ SCRIPTS = (
     "bench_run",
     "bench_scale",
 )
-TIMEOUT_S = 150  # per script; the whole run stays under 5 minutes on 2 cores
+TIMEOUT_S = 150  # per script
 TIMEOUTS_S = {"bench_scale": 600}  # 20,000 traces read twice: minutes on 2 cores
 
 

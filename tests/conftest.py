@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -18,6 +20,7 @@ if importlib.util.find_spec("torchstep_prof") is None:
 # user's own; every test's trace folder is new, so entries never answer for another test.
 if not os.environ.get("TORCHSTEP_PROF_CACHE_DIR"):
     os.environ["TORCHSTEP_PROF_CACHE_DIR"] = tempfile.mkdtemp(prefix="tsp-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["TORCHSTEP_PROF_CACHE_DIR"], True)
 
 # --- the engine's tests: process state, and a save_path checked after every test -------------
 
