@@ -259,6 +259,20 @@ def test_the_cache_forgets_files_that_are_gone(late_rank: Path, tmp_path: Path) 
     assert len(json.loads(path.read_text())["entries"]) == before - 1
 
 
+def test_caches_of_folders_not_read_for_30_days_are_removed(late_rank: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old, recent, other = cache / "summaries-old.json", cache / "summaries-recent.json", cache / "notes.json"
+    for path in (old, recent, other):
+        path.write_text("{}")
+    month = 31 * 24 * 3600
+    os.utime(old, (old.stat().st_atime - month, old.stat().st_mtime - month))
+    os.utime(other, (other.stat().st_atime - month, other.stat().st_mtime - month))
+    assert cli("summarize", late_rank, "--json", cache=cache).returncode == 0
+    assert not old.exists() and recent.exists() and other.exists()  # only caches, only old ones
+    assert len(list(cache.glob("summaries-*.json"))) == 2  # recent, and the one just written
+
+
 def test_a_cache_that_cannot_be_written_is_a_note_not_an_error(late_rank: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

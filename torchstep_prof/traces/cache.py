@@ -16,6 +16,7 @@ import functools
 import hashlib
 import os
 import secrets
+import time
 from typing import Any, Optional, Union
 
 import attrs
@@ -205,6 +206,7 @@ class SummaryCache:
             with open(tmp, "wb") as handle:
                 handle.write(dumps(doc))
             os.replace(tmp, self.path)
+            _forget_old(folder)
         except OSError as exc:
             self.problem = f"cannot write the summary cache {self.path}: {exc.strerror or exc}"
             try:
@@ -213,6 +215,23 @@ class SummaryCache:
                 pass
         else:
             self._changed = False
+
+
+MAX_AGE_S = 30 * 24 * 3600
+"""A folder's cache not written for this long is removed (by the next save of any cache): the
+folders read once, a test's or a finished run's, do not pile up."""
+
+
+def _forget_old(folder: str) -> None:
+    cutoff = time.time() - MAX_AGE_S
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith("summaries-") and entry.name.endswith(".json"):
+                try:
+                    if entry.stat().st_mtime < cutoff:
+                        os.unlink(entry.path)
+                except OSError:  # another run removed it, or rewrote it meanwhile
+                    pass
 
 
 def _trimmed(info: TraceInfo, top: int) -> TraceInfo:
