@@ -166,7 +166,7 @@ def baseline_section(report: Report, chart: Chart) -> str:
         '<table class="diff"><thead><tr><th>region</th><th>baseline ms</th><th>ms</th><th>delta ms</th>'
         f"</tr></thead><tbody>{region_rows}</tbody></table>"
         + chart(figure, "diff")
-        + '<table class="diff"><thead><tr><th>region</th><th>operator</th><th>baseline ms</th><th>ms</th>'
+        + '<table class="diff ops-diff"><thead><tr><th>region</th><th>operator</th><th>baseline ms</th><th>ms</th>'
         f"<th>delta ms</th><th>calls</th><th></th></tr></thead><tbody>{op_rows}</tbody></table></section>"
     )
 
