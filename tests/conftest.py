@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 # Run from a checkout without installing: put the repository root on the path, unless the
@@ -11,6 +15,12 @@ from pathlib import Path
 if importlib.util.find_spec("torchstep_prof") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+
+# The trace commands' summary cache (torchstep_prof.traces.cache) of this test run, never the
+# user's own; every test's trace folder is new, so entries never answer for another test.
+if not os.environ.get("TORCHSTEP_PROF_CACHE_DIR"):
+    os.environ["TORCHSTEP_PROF_CACHE_DIR"] = tempfile.mkdtemp(prefix="tsp-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["TORCHSTEP_PROF_CACHE_DIR"], True)
 
 # --- the engine's tests: process state, and a save_path checked after every test -------------
 

@@ -50,7 +50,10 @@ def test_summarize_names_and_skips_every_bad_file(folder: dict) -> None:
     result = _cli("summarize", folder["root"], "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert sorted(doc["unreadable"]) == sorted(str(p) for p in folder["bad"].values())
+    # A ts of 1e300 or NaN makes a file corrupt (issue 24), a negative duration does not.
+    absurd = [str(folder["absurd"][kind]) for kind in ("huge_ts", "nan")]
+    expected = [str(p) for p in folder["bad"].values()] + absurd
+    assert sorted(doc["unreadable"]) == sorted(expected)
     _assert_bad_named(folder, result.stderr)
     assert "RecursionError" in result.stderr  # the deep file's reason says what happened
     walls = [r["wall_ms"] for g in doc["groups"] for r in g["ranks"]]
@@ -62,8 +65,11 @@ def test_tables_stay_within_80_columns_with_absurd_values(folder: dict, command:
     result = _cli(command, folder["root"])
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    absurd_stages = [f"absurd-{kind}" for kind in ("ts", "dur", "dur-ts")]
-    assert all(any(stage in line for line in lines) for stage in absurd_stages), result.stdout
+    # The negative duration is a row; 1e300 and NaN are skipped files, named on stderr (ls) or
+    # under the table (summarize).
+    assert any("absurd-dur " in line or line.endswith("absurd-dur") for line in lines), result.stdout
+    named = result.stdout if command == "summarize" else result.stderr
+    assert all(f"absurd-{kind}_" in named for kind in ("ts", "dur-ts")), named
     if command == "summarize":  # ls and the skipped list print whole paths, never folded
         table = result.stdout.split("Skipped")[0].splitlines()
         assert max(map(len, table)) <= WIDTH, result.stdout
@@ -266,3 +272,31 @@ def test_summarize_keeps_step_rank_and_wall_time_with_an_80_character_role(tmp_p
 def _holds_in_a_row(line: str, cells: list[str]) -> bool:
     words = line.split()
     return any(words[i : i + len(cells)] == cells for i in range(len(words)))
+
+
+def test_absurd_event_times_are_named_as_skipped_by_every_command(folder: dict, tmp_path: Path) -> None:
+    """Issue 24: a trace whose events carry a ts of 1e300 (or NaN) is no 0.0 ms row: ls,
+    summarize, merge and report name it as skipped, saying why."""
+    huge, nan = folder["absurd"]["huge_ts"], folder["absurd"]["nan"]
+    runs = {
+        "ls": _cli("ls", folder["root"]),
+        "summarize": _cli("summarize", folder["root"]),
+        "merge": _cli("merge", folder["root"], "-o", tmp_path / "m.json"),
+        "report": _cli("report", folder["root"], "-o", tmp_path / "r.html"),
+    }
+    for command, result in runs.items():
+        assert result.returncode == 0, (command, result.stderr)
+        # summarize's table lists its skipped files under the table, the others on stderr.
+        text = result.stdout if command == "summarize" else result.stderr
+        prefix = "" if command == "summarize" else "skipped "
+        for path in (huge, nan):
+            assert f"{prefix}{path}: absurd times" in text, (command, text)
+    assert "ts=1e+300" in runs["ls"].stderr
+    ls_rows = runs["ls"].stdout
+    assert str(huge) not in ls_rows and str(nan) not in ls_rows
+    summary = runs["summarize"].stdout
+    assert f"{huge}: absurd times" in summary.replace("\n", "")  # listed under the table
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert str(huge) not in [i["file"] for i in doc["torchstep_prof_merge"]["inputs"]]
+    page = (tmp_path / "r.html").read_text()
+    assert f"{huge.name}</code>: absurd times" in page

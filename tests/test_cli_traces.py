@@ -146,6 +146,8 @@ def test_python_dash_m_exit_code(tmp_path: Path) -> None:
         "findings": [],
         "unreadable": [],
         "other_runs": [],
+        "collectives": [],
+        "memory": [],
     }
     assert "no usable trace" in empty.stderr
 

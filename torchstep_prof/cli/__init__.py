@@ -16,6 +16,7 @@ from typing import Sequence
 _SUBCOMMAND_MODULES = (
     "config_cmd", "summarize_cmd", "merge_cmd", "ls_cmd", "hta_cmd", "report_cmd", "run_cmd",
     "trigger_cmd",
+    "diff_cmd",
 )
 
 

@@ -59,6 +59,24 @@ def add_pid_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
     )
 
 
+def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--jobs N`` and ``--no-cache``: how a large folder is read (see
+    :mod:`torchstep_prof.traces.cache`)."""
+    parser.add_argument(
+        "-j",
+        "--jobs",
+        type=int_at_least(1),
+        default=None,
+        metavar="N",
+        help="processes reading traces (default: the CPU cores; 1 reads in this process)",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="read every file again, neither using nor updating the per-file summary cache",
+    )
+
+
 def filters_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> TraceFilter:
     try:
         return TraceFilter(
@@ -82,8 +100,21 @@ def scan_folder(
     except OSError as exc:
         error(f"cannot read folder {args.directory}: {exc.strerror or exc}")
         return EXIT_USAGE
+    jobs = getattr(args, "jobs", None)
+    if jobs is None and not hasattr(args, "no_cache"):  # a command without --jobs / --no-cache
+        with _progress(len(paths)) as progress:
+            return scan_traces(paths, filters, top=top, progress=progress)
+    from ..traces.cache import SummaryCache
+    from ..traces.parallel import default_jobs, scan_paths
+
+    cache = None if args.no_cache else SummaryCache.for_folder(args.directory, recursive=args.recursive)
     with _progress(len(paths)) as progress:
-        return scan_traces(paths, filters, top=top, progress=progress)
+        scanned = scan_paths(
+            paths, filters, top=top, jobs=jobs or default_jobs(), cache=cache, progress=progress
+        )
+    if cache is not None and cache.problem:
+        print(f"note: {cache.problem}", file=sys.stderr)
+    return scanned
 
 
 @contextlib.contextmanager

@@ -11,7 +11,10 @@ import os
 
 from . import _tracedir
 
-HELP = "one HTML page of charts of the traces in DIR: stragglers, timelines, top operators"
+HELP = (
+    "one HTML page of charts of the traces in DIR: stragglers, collective waits, memory, "
+    "timelines, top operators"
+)
 DEFAULT_OUTPUT = "report.html"
 
 
@@ -30,6 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--top", type=_tracedir.int_at_least(1), default=10, metavar="N", help="operators per region (default 10)"
     )
     _tracedir.add_straggler_argument(parser)
+    parser.add_argument(
+        "--baseline",
+        metavar="BASE",
+        help="a folder of earlier traces: adds a section of what changed from them (as `diff`)",
+    )
+    _tracedir.add_scale_arguments(parser)
     parser.set_defaults(func=lambda args: run(parser, args))
 
 
@@ -55,6 +64,16 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     infos, other_runs = _tracedir.newest_runs(infos)
     if not infos:
         return _tracedir.nothing_found(args, filters, unreadable)
+    diff = None
+    if args.baseline is not None:
+        from ..traces.diff import diff_traces
+
+        base_args = argparse.Namespace(**{**vars(args), "directory": args.baseline})
+        base = _tracedir.usable_traces(base_args, filters)
+        if isinstance(base, int):
+            return base
+        diff = diff_traces(base, infos, base_label=args.baseline, test_label=args.directory)
+        _tracedir.report_unreadable(diff.skipped)
     report = build_report(
         args.directory,
         infos,
@@ -63,6 +82,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         top=args.top,
         filters=_filter_words(args),
         other_runs=describe_other_runs(other_runs),
+        diff=diff,
     )
     try:
         _write(args.output, render_page(report, plotlyjs))

@@ -6,12 +6,14 @@ flagged, top operators by self time; ``--json`` for machines."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from . import _tracedir
 
-HELP = "table of the traces in DIR by role/stage/step: wall time per rank, stragglers, top ops"
+HELP = (
+    "table of the traces in DIR by role/stage/step: wall time per rank, stragglers, top ops, "
+    "collective waits, memory"
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,38 +29,69 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _tracedir.add_straggler_argument(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _tracedir.add_scale_arguments(parser)
     parser.set_defaults(func=lambda args: run(parser, args))
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ..traces.collectives import find_waits, waits_to_dicts
     from ..traces.findings import FINDINGS_DEPTH, find_findings, findings_to_dicts
-    from ..traces.summarize import default_title, render_summary, summarize, summary_to_dict
+    from ..traces.memory import find_memory, memory_to_dicts
+    from ..traces.summarize import (
+        default_title,
+        render_summary,
+        summarize,
+        summary_to_dict,
+        trim_summary,
+    )
 
     filters = _tracedir.filters_from_args(parser, args)
-    # --json's findings compare ranks operator by operator: read deeper lists than --top shows.
-    depth = max(args.top, FINDINGS_DEPTH) if args.json else args.top
+    # Findings and the late rank of collectives compare ranks operator by operator: read deeper
+    # lists than --top shows (--top 0 reads no operator at all: faster).
+    depth = max(args.top, FINDINGS_DEPTH) if args.json or args.top else 0
     scanned = _tracedir.scan_folder(args, filters, top=depth)
     if isinstance(scanned, int):
         return scanned
     infos, unreadable = scanned
     infos, other_runs = _tracedir.newest_runs(infos)
-    summary = summarize(
-        infos,
-        unreadable,
-        straggler_ratio=args.straggler_ratio,
-        top=args.top,
-        other_runs=other_runs,
+    deep = summarize(
+        infos, unreadable, straggler_ratio=args.straggler_ratio, top=depth, other_runs=other_runs
     )
+    summary = trim_summary(deep, args.top)
+    waits, memory = find_waits(deep), find_memory(deep)
     if args.json:
         doc = summary_to_dict(summary)
-        deep = summarize(infos, unreadable, straggler_ratio=args.straggler_ratio, top=depth)
         doc["findings"] = findings_to_dicts(find_findings(deep))
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        doc["collectives"] = waits_to_dicts(waits)
+        doc["memory"] = memory_to_dicts(memory)
+        from ..traces._json import dumps_indented
+
+        sys.stdout.write(dumps_indented(doc) + "\n")
         _tracedir.report_unreadable(unreadable)
     else:
         title = default_title(args.directory, summary)
-        render_summary(summary, _tracedir.output_console(), title=title)
+        console = _tracedir.output_console()
+        render_summary(summary, console, title=title)
+        _render_diagnosis(console, waits, memory)
     if not infos:
         return _tracedir.nothing_found(args, filters, unreadable)
     return _tracedir.EXIT_OK
+
+
+def _render_diagnosis(console, waits, memory) -> None:  # type: ignore[no-untyped-def]
+    """The collective waits and the memory per region, one paragraph each, under the table."""
+    from rich.text import Text
+
+    from ..summary.plain_console import print_stripped
+    from ..traces.collectives import describe_waits
+    from ..traces.memory import describe_memory
+
+    sections = (
+        ("Collective waits (a rank's duration minus the shortest across ranks):", waits, describe_waits),
+        ("Memory per region (peak above the region's start, net growth):", memory, describe_memory),
+    )
+    for heading, items, describe in sections:
+        if items:
+            print_stripped(console, Text(heading))
+            for item in items:
+                print_stripped(console, Text("  " + describe(item)))

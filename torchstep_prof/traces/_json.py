@@ -39,3 +39,39 @@ def dumps(value: Any) -> bytes:
         except TypeError:
             pass
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+def dumps_indented(value: Any) -> str:
+    """JSON text indented by 2 spaces, as ``--json`` prints it.
+
+    orjson writes it fast. Without orjson, json indents in pure Python (~10x slower than its C
+    encoder, seconds on a summary of 20,000 traces): a document with more than
+    :data:`INDENT_ITEMS` list items then keeps the indentation of the top-level keys and
+    writes each item of their lists on one compact line, with the C encoder.
+    """
+    orjson = _orjson()
+    if orjson is not None:
+        try:
+            return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+        except TypeError:
+            pass
+    if not isinstance(value, dict) or _items(value) <= INDENT_ITEMS:
+        return json.dumps(value, indent=2)
+    compact = json.JSONEncoder(separators=(", ", ": ")).encode
+    lines = []
+    for key, item in value.items():
+        if isinstance(item, list) and item:
+            body = ",\n".join(f"    {compact(element)}" for element in item)
+            lines.append(f"  {compact(key)}: [\n{body}\n  ]")
+        else:
+            lines.append(f"  {compact(key)}: {compact(item)}")
+    return "{\n" + ",\n".join(lines) + "\n}"
+
+
+INDENT_ITEMS = 200
+"""Past this many items in a document's top-level lists, :func:`dumps_indented` writes one item a
+line (without orjson)."""
+
+
+def _items(value: dict[str, Any]) -> int:
+    return sum(len(item) for item in value.values() if isinstance(item, list))

@@ -16,8 +16,10 @@ __all__ = [
     "OP_CATEGORIES",
     "OpTime",
     "RegionRange",
+    "absurd_times",
     "is_operator",
     "iter_events",
+    "op_stats_by_region",
     "outer_ranges",
     "region_ranges",
     "region_roles",
@@ -100,6 +102,36 @@ def _number(value: Any, *, duration: bool = False) -> float | None:
     if not math.isfinite(number) or abs(number) > MAX_TIME_US or (duration and number < 0):
         return None
     return number
+
+
+def absurd_times(events: list[Any]) -> tuple[int, str]:
+    """How many events carry a ``ts`` or ``dur`` that is a number but no time (past
+    :data:`MAX_TIME_US`, NaN, infinite), and the first one in words (``""`` when none).
+
+    Such a file is corrupt: read around, its region would show as a 0.0 ms row. A negative
+    duration is ignored like a missing one, not counted here.
+
+    >>> absurd_times([{"ph": "X", "name": "aten::mm", "ts": 1e300, "dur": 1}])
+    (1, "'aten::mm' ts=1e+300")
+    """
+    count, first = 0, ""
+    for event in events:
+        if not isinstance(event, dict):
+            continue
+        for key in ("ts", "dur"):
+            value = event.get(key)
+            if type(value) is float or type(value) is int:
+                if -MAX_TIME_US <= value <= MAX_TIME_US:  # NaN fails this too
+                    continue
+                count += 1
+                if not first:
+                    if isinstance(value, int):
+                        shown = "a huge integer"
+                    else:
+                        shown = f"{value:.3g}" if math.isfinite(value) else "not finite"
+                    first = f"{str(event.get('name', ''))[:60]!r} {key}={shown}"
+                break
+    return count, first
 
 
 def region_roles(events: list[Any]) -> list[str]:
@@ -187,7 +219,25 @@ def top_ops_by_region(
     """
     if n <= 0:
         return (), {}
-    threads: dict[tuple[Any, Any], list[tuple[float, float, str, str]]] = {}
+    threads = _thread_rows(trace)
+    totals: dict[str, float] = {}
+    regions: dict[str, dict[str, float]] = {}
+    for rows in threads.values():
+        # Parents before children: earlier start first, and the longer of two that start together.
+        rows.sort(key=lambda row: (row[0], -row[1]))
+        self_us, inside = _self_times(rows, by_region)
+        for (_, _, name, cat), us, region in zip(rows, self_us, inside):
+            if is_operator(name, cat):
+                totals[name] = totals.get(name, 0.0) + us
+                if region is not None:
+                    ops = regions.setdefault(region, {})
+                    ops[name] = ops.get(name, 0.0) + us
+    return _ranked(totals, n), {region: _ranked(ops, n) for region, ops in regions.items()}
+
+
+def _thread_rows(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float, str, str]]]:
+    """The complete events of ``trace`` with sane times, as (ts, dur, name, cat) per pid/tid."""
+    threads: dict[Any, list[tuple[float, float, str, str]]] = {}
     numbers = (int, float)  # exact types: bool is not a time
     for event in iter_events(trace):
         if event.get("ph") != "X":
@@ -208,19 +258,29 @@ def top_ops_by_region(
             rows = threads[key] = []
         name, cat = event.get("name", ""), event.get("cat", "")
         rows.append((ts, dur, name if type(name) is str else str(name), cat if type(cat) is str else str(cat)))
-    totals: dict[str, float] = {}
-    regions: dict[str, dict[str, float]] = {}
-    for rows in threads.values():
-        # Parents before children: earlier start first, and the longer of two that start together.
+    return threads
+
+
+def op_stats_by_region(trace: dict[str, Any]) -> dict[str | None, dict[str, list[float]]]:
+    """Every operator's self time (µs) and call count, per innermost region range it ran in
+    (keyed by the range's raw label; ``None``: outside any region range, GPU streams included).
+
+    >>> trace = {"traceEvents": [
+    ...     {"ph": "X", "name": "a/b", "cat": "cpu_op", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
+    ...     {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 1, "dur": 4, "pid": 1, "tid": 1}]}
+    >>> op_stats_by_region(trace)
+    {'a/b': {'aten::mm': [4.0, 1]}}
+    """
+    stats: dict[str | None, dict[str, list[float]]] = {}
+    for rows in _thread_rows(trace).values():
         rows.sort(key=lambda row: (row[0], -row[1]))
-        self_us, inside = _self_times(rows, by_region)
+        self_us, inside = _self_times(rows, True)
         for (_, _, name, cat), us, region in zip(rows, self_us, inside):
             if is_operator(name, cat):
-                totals[name] = totals.get(name, 0.0) + us
-                if region is not None:
-                    ops = regions.setdefault(region, {})
-                    ops[name] = ops.get(name, 0.0) + us
-    return _ranked(totals, n), {region: _ranked(ops, n) for region, ops in regions.items()}
+                entry = stats.setdefault(region, {}).setdefault(name, [0.0, 0])
+                entry[0] += us
+                entry[1] += 1
+    return stats
 
 
 def _ranked(totals: dict[str, float], n: int) -> Tuple[OpTime, ...]:

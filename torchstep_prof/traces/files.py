@@ -17,9 +17,11 @@ from typing import Any, Callable, Iterable, Optional, Tuple
 
 import attrs
 
-from .events import OpTime, iter_events, region_ranges, region_time, top_ops
+from .events import MAX_TIME_US, OpTime, absurd_times, iter_events, region_ranges, region_time, top_ops
+from .collective_calls import CollectiveCall, read_collectives
 from .fused import FusedRegions, RegionSpan, RegionTopOps, read_fused_regions
 from .loading import TraceReadError, describe_error as _describe, load_trace
+from .memory_events import MemoryUse, read_memory
 from .names import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
 
 __all__ = [
@@ -31,11 +33,13 @@ __all__ = [
     "find_trace_files",
     "iter_events",
     "load_trace",
+    "read_or_skip",
     "read_trace_info",
     "scan_traces",
     "started_at",
     "top_ops",
     "trace_sort_key",
+    "wanted_by_name",
 ]
 
 METADATA_KEY = "torchstep_prof"
@@ -58,7 +62,9 @@ class TraceInfo:
     nanoseconds when the trace has a base time. ``top_ops`` is filled only when asked for
     (``scan_traces(..., top=n)``). A fused trace also has its ``regions``' entries on the
     step's clock and (with ``top``) each region's ``region_ops``
-    (:mod:`~torchstep_prof.traces.fused`).
+    (:mod:`~torchstep_prof.traces.fused`). ``collectives`` are its collective events in order
+    (:mod:`~torchstep_prof.traces.collective_calls`), ``memory`` its ``[memory]`` events per device
+    (:mod:`~torchstep_prof.traces.memory_events`; empty unless recorded with ``contents("memory")``).
     """
 
     path: str
@@ -79,6 +85,8 @@ class TraceInfo:
     top_ops: Tuple[OpTime, ...] = ()
     regions: Tuple[RegionSpan, ...] = ()
     region_ops: Tuple[RegionTopOps, ...] = ()
+    collectives: Tuple[CollectiveCall, ...] = ()
+    memory: Tuple[MemoryUse, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -158,6 +166,12 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
         raise TraceReadError(f"{path}: not a Chrome trace (no traceEvents list)")
     fields = _identity(path, trace)
     base_ns = _base_time(path, trace)
+    absurd, example = absurd_times(events)
+    if absurd:
+        raise TraceReadError(
+            f"{path}: absurd times ({absurd} event(s) with a ts or dur that is no time: "
+            f"beyond {MAX_TIME_US:.0e} µs or not finite; first {example})"
+        )
     wall_ms, start_us = region_time(events, fields["step"])
     fused = FusedRegions()
     start_ns = None if base_ns is None or start_us is None else base_ns + round(start_us * 1000)
@@ -184,6 +198,8 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
         top_ops=fused.top_ops if fields["fused"] else top_ops(trace, top) if top > 0 else (),
         regions=fused.spans,
         region_ops=fused.region_ops,
+        collectives=read_collectives(events),
+        memory=read_memory(events),
     )
 
 
@@ -340,23 +356,32 @@ def scan_traces(
     infos: list[TraceInfo] = []
     unreadable: list[Unreadable] = []
     for done, path in enumerate(paths, 1):
-        if _wanted_by_name(path, filters):
-            try:
-                info = read_trace_info(path, top=top)
-            except TraceReadError as exc:
-                unreadable.append(Unreadable(path=path, reason=_reason(exc, path)))
-            except Exception as exc:  # never the end of a scan: the file is named and skipped
-                unreadable.append(Unreadable(path=path, reason=_describe(exc)))
-            else:
-                if filters.matches(info):
-                    infos.append(info)
+        if wanted_by_name(path, filters):
+            found = read_or_skip(path, top)
+            if isinstance(found, Unreadable):
+                unreadable.append(found)
+            elif filters.matches(found):
+                infos.append(found)
         if progress is not None:
             progress(done, len(paths))
     infos.sort(key=trace_sort_key)
     return infos, unreadable
 
 
-def _wanted_by_name(path: str, filters: TraceFilter) -> bool:
+def read_or_skip(path: str, top: int = 0) -> TraceInfo | Unreadable:
+    """:func:`read_trace_info` of ``path``, or the :class:`Unreadable` saying why it is skipped:
+    never raises, whatever the parser raised (a scan never ends on one file)."""
+    try:
+        return read_trace_info(path, top=top)
+    except TraceReadError as exc:
+        return Unreadable(path=path, reason=_reason(exc, path))
+    except Exception as exc:
+        return Unreadable(path=path, reason=_describe(exc))
+
+
+def wanted_by_name(path: str, filters: TraceFilter) -> bool:
+    """Whether ``path``'s name passes ``filters`` (a name that is no trace name passes: its
+    metadata decides once read)."""
     try:
         return filters.matches(parse_trace_name(path))
     except ValueError:

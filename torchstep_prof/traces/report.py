@@ -2,8 +2,9 @@
 
 Data first: :func:`build_report` turns scanned traces (one per file, read one at a time by
 :func:`~torchstep_prof.traces.files.scan_traces`) into a :class:`Report` — summarize's groups, the
-findings, timeline bars on wall-clock time (one per discrete trace; a fused trace's step and one
-per region entry inside it), each region's top operators (inside fused traces too). Nothing
+findings, the collective waits and memory per region, timeline bars on wall-clock time (one
+per discrete trace; a fused trace's step and one per region entry inside it), each region's
+top operators (inside fused traces too), and a comparison with a baseline when given. Nothing
 here draws: :mod:`torchstep_prof.traces.report_page` renders a report as an HTML page.
 """
 
@@ -14,9 +15,12 @@ from typing import Iterable, Optional, Sequence, Tuple
 
 import attrs
 
+from .collectives import CollectiveWaits, find_waits
+from .diff import DiffResult
 from .findings import FINDINGS_DEPTH, Finding, find_findings
+from .memory import RegionMemory, find_memory
 from .names import parse_trace_name
-from .summarize import DEFAULT_STRAGGLER_RATIO, Summary, summarize
+from .summarize import DEFAULT_STRAGGLER_RATIO, Summary, summarize, trim_summary
 from .files import OpTime, TraceInfo, Unreadable, started_at
 
 __all__ = ["REGION_TOP_OPS", "RegionOps", "Report", "TimelineBar", "build_report"]
@@ -68,6 +72,9 @@ class Report:
     regions: Tuple[RegionOps, ...]
     filters: Tuple[str, ...] = ()
     other_runs: Tuple[str, ...] = ()
+    waits: Tuple[CollectiveWaits, ...] = ()
+    memory: Tuple[RegionMemory, ...] = ()
+    diff: Optional[DiffResult] = None
 
     @property
     def traces(self) -> int:
@@ -87,9 +94,11 @@ def build_report(
     top: int = REGION_TOP_OPS,
     filters: Sequence[str] = (),
     other_runs: Sequence[str] = (),
+    diff: Optional[DiffResult] = None,
 ) -> Report:
     """The report of ``infos`` (scanned with ``top`` >= :data:`FINDINGS_DEPTH` so that findings
-    compare ranks over deep operator lists).
+    compare ranks over deep operator lists); ``diff`` is the comparison with a baseline
+    (:func:`~torchstep_prof.traces.diff.diff_traces`), shown in a section of its own.
 
     >>> from torchstep_prof.traces.files import scan_traces
     >>> scanned = scan_traces("outputs/profile", top=FINDINGS_DEPTH)  # doctest: +SKIP
@@ -100,12 +109,19 @@ def build_report(
     return Report(
         directory=directory,
         generated=dt.datetime.now(dt.timezone.utc),
-        summary=summarize(infos, unreadable, straggler_ratio=straggler_ratio, top=top),
+        summary=(
+            trim_summary(deep, top)
+            if top <= FINDINGS_DEPTH
+            else summarize(infos, unreadable, straggler_ratio=straggler_ratio, top=top)
+        ),
         findings=find_findings(deep),
         bars=tuple(sorted((bar for info in infos for bar in _bars(info)), key=_bar_order)),
         regions=_region_ops(infos, top),
         filters=tuple(filters),
         other_runs=tuple(other_runs),
+        waits=find_waits(deep),
+        memory=find_memory(deep),
+        diff=diff,
     )
 
 

@@ -14,7 +14,9 @@ import json
 import os
 from typing import Any, Iterable, Sequence
 
+from .collectives import describe_waits
 from .findings import describe_finding
+from .report_diagnosis import baseline_section, memory_section, waits_section
 from .report_template import PAGE, SCRIPT, STYLE
 from .report import Report, TimelineBar
 from .summarize import STRAGGLER_MIN_MS, GroupSummary
@@ -57,6 +59,8 @@ def render_page(report: Report, plotlyjs: str) -> str:
         return f'<div class="chart {css}" data-fig="{len(figures) - 1}"></div>'
 
     body = [_header(report), _findings(report)]
+    # The diagnosis sections (each only when there is something to show) come next.
+    body += [waits_section(report, chart), memory_section(report, chart), baseline_section(report, chart)]
     steps = sorted({g.step for g in report.summary.groups})
     for step in steps:
         bars = [b for b in report.bars if b.step == step]
@@ -142,6 +146,11 @@ def _findings(report: Report) -> str:
         out.append("</ul>")
     else:
         out.append("<p>No straggler: every rank is near its group's median.</p>")
+    late = [w for w in report.waits if w.late_rank is not None]
+    if late:  # equal wall times hide a slow rank: the others' waiting shows it
+        out.append('<ul class="late">')
+        out.extend(f'<li><a href="#waits">{_e(describe_waits(w))}</a></li>' for w in late)
+        out.append("</ul>")
     out.append(f'<p class="meta">{_e(rule)}.</p></section>')
     return "\n".join(out)
 

@@ -22,6 +22,10 @@ header, #findings { background: #fff; border: 1px solid #ddd; border-radius: 6px
 .card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 8px 10px; }
 .chart { min-height: 160px; }
 .timeline { background: #fff; border: 1px solid #ddd; border-radius: 6px; margin-bottom: 12px; }
+table.diff { font-size: 12px; border-collapse: collapse; margin: 6px 0; }
+table.diff td, table.diff th { padding: 1px 10px 1px 0; text-align: right; }
+table.diff td:first-child, table.diff th:first-child { text-align: left; }
+table.ops-diff td:nth-child(2), table.ops-diff th:nth-child(2) { text-align: left; }
 table.ops { font-size: 12px; border-collapse: collapse; margin-top: 4px; }
 table.ops td, table.ops th { padding: 1px 8px 1px 0; text-align: left; }
 table.ops td:first-child { text-align: right; font-variant-numeric: tabular-nums; }

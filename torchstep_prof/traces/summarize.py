@@ -16,7 +16,9 @@ import attrs
 
 from ..summary.label_wrap import wrap_label
 from .runs import OtherRun
+from .collective_calls import CollectiveCall
 from .files import OpTime, TraceInfo, Unreadable
+from .memory_events import MemoryUse
 
 if TYPE_CHECKING:  # rich is imported where it renders: grouping traces does not need it
     from rich.console import Console
@@ -32,6 +34,7 @@ __all__ = [
     "render_summary",
     "summarize",
     "summary_to_dict",
+    "trim_summary",
 ]
 
 DEFAULT_STRAGGLER_RATIO = 1.25
@@ -51,6 +54,8 @@ class RankTime:
     pid: Optional[int] = None
     role: str = ""
     top_ops: Tuple[OpTime, ...] = ()
+    collectives: Tuple[CollectiveCall, ...] = ()
+    memory: Tuple[MemoryUse, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -159,6 +164,8 @@ def summarize(
                         pid=i.pid,
                         role=i.role,
                         top_ops=i.top_ops[:top],
+                        collectives=i.collectives,
+                        memory=i.memory,
                     )
                     for i in infos
                 ),
@@ -177,6 +184,22 @@ def summarize(
         straggler_ratio=straggler_ratio,
         other_runs=tuple(other_runs),
     )
+
+
+def trim_summary(summary: Summary, top: int) -> Summary:
+    """``summary`` with every operator list cut to ``top``: what :func:`summarize` with ``top``
+    gives, without summing the operators again (a deep summary serves both).
+
+    Both rank operators the same way, so the first ``top`` of a deeper list are the list."""
+    groups = tuple(
+        attrs.evolve(
+            g,
+            top_ops=g.top_ops[:top],
+            ranks=tuple(attrs.evolve(r, top_ops=r.top_ops[:top]) for r in g.ranks),
+        )
+        for g in summary.groups
+    )
+    return attrs.evolve(summary, groups=groups)
 
 
 _FUSED_KEY = "\0fused"  # groups fused traces by step whatever their roles; never a label

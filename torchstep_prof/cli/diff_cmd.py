@@ -1,0 +1,117 @@
+"""``torchstep-prof diff``: what changed between two runs, or two steps of one run.
+
+``torchstep-prof diff BASE TEST`` compares two trace folders; ``diff DIR --step A --step B``
+two steps of one folder. Per region its mean wall time, per operator its mean self time and
+calls per trace, largest change first; ``--json`` for machines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from . import _tracedir
+
+HELP = "what changed between two trace folders (or two steps): time and calls per region and op"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "diff",
+        help=HELP,
+        description=HELP + ". Times and calls are means per trace, so runs of different step or "
+        "rank counts compare; rows are sorted by the absolute time difference.",
+    )
+    parser.add_argument("directory", metavar="BASE", help="the folder of the base traces")
+    parser.add_argument("test", metavar="TEST", nargs="?", help="the folder of the traces to compare")
+    parser.add_argument(
+        "-r", "--recursive", action="store_true", help="also read the traces in subfolders"
+    )
+    _tracedir.add_filter_arguments(parser)
+    parser.add_argument(
+        "--top", type=_tracedir.int_at_least(1), default=20, metavar="N",
+        help="operator rows to show (default 20)",
+    )  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.set_defaults(func=lambda args: run(parser, args))
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ..traces.diff import diff_to_dict
+
+    result = compare(parser, args)
+    if isinstance(result, int):
+        return result
+    if args.json:
+        json.dump(diff_to_dict(result, top=args.top), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_tables(result, args.top)
+    _tracedir.report_unreadable(result.skipped)
+    return _tracedir.EXIT_OK
+
+
+def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The :class:`~torchstep_prof.traces.diff.DiffResult` the arguments ask for, or an exit code."""
+    from ..traces.diff import diff_traces
+
+    if args.test is None and len(args.step) != 2:
+        parser.error("give two folders (BASE TEST), or one folder and two steps (--step A --step B)")
+    if args.test is None:  # two steps of one folder
+        sides = [(args.directory, [step], f"{args.directory} step {step}") for step in args.step]
+    else:
+        sides = [(args.directory, args.step, args.directory), (args.test, args.step, args.test)]
+    traces = []
+    for folder, steps, _ in sides:
+        side_args = argparse.Namespace(**{**vars(args), "directory": folder, "step": steps})
+        infos = _tracedir.usable_traces(side_args, _tracedir.filters_from_args(parser, side_args))
+        if isinstance(infos, int):
+            return infos
+        traces.append(infos)
+    return diff_traces(traces[0], traces[1], base_label=sides[0][2], test_label=sides[1][2])
+
+
+def _print_tables(result, top: int) -> None:  # type: ignore[no-untyped-def]
+    from ..traces.summarize import format_ms
+
+    def opt(value: float | None) -> str:
+        return "-" if value is None else format_ms(value)
+
+    print(f"base: {result.base}\ntest: {result.test}\n")
+    print("Regions (mean wall ms per trace), largest change first:")
+    _columns(
+        ["region", "base ms", "test ms", "delta ms", "traces"],
+        [
+            [r.region, opt(r.base_ms), opt(r.test_ms), f"{r.delta_ms:+.1f}",
+             f"{r.base_traces}/{r.test_traces}"]
+            for r in result.regions
+        ],  # fmt: skip
+    )
+    shown = result.ops[:top]
+    print(f"\nOperators (mean self ms and calls per trace), {len(shown)} of {len(result.ops)}, largest change first:")
+    _columns(
+        ["region", "operator", "base ms", "test ms", "delta ms", "calls", ""],
+        [
+            [o.region, o.name, format_ms(o.base_ms), format_ms(o.test_ms), f"{o.delta_ms:+.2f}",
+             f"{_count(o.base_count)} -> {_count(o.test_count)}",
+             "" if o.status == "changed" else o.status]
+            for o in shown
+        ],  # fmt: skip
+        labels=2,
+    )
+
+
+def _count(value: float) -> str:
+    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
+
+
+def _columns(header: Sequence[str], rows: Sequence[Sequence[str]], labels: int = 1) -> None:
+    """Aligned columns: the first ``labels`` left-aligned, numbers right-aligned."""
+    cells = [list(header)] + [list(r) for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
+    for line in cells:
+        text = "  ".join(
+            cell.ljust(w) if i < labels else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))
+        )
+        sys.stdout.write(text.rstrip() + "\n")

@@ -1,0 +1,245 @@
+"""The per-file summary cache: what reading a trace found, kept so a second run reads no trace.
+
+One JSON file per trace folder, under the user's cache home (``$TORCHSTEP_PROF_CACHE_DIR``, else
+``$XDG_CACHE_HOME/torchstep_prof``, else ``~/.cache/torchstep_prof``), never in the trace folder:
+a read-only folder (a mounted bucket, another user's run) is cached like any other. Each entry is
+one file's description (:class:`~torchstep_prof.traces.files.TraceInfo`) or the reason it was
+skipped, keyed by the file's real path and valid while the file's size and modification time
+(nanoseconds) are unchanged and it was read with at least as many operators as asked for. A cache
+written by another version of torchstep_prof is ignored; one that cannot be read or written is
+no error (the folder is read as without one).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import secrets
+import time
+from typing import Any, Optional, Union
+
+import attrs
+
+from ._json import dumps, loads
+from .collective_calls import CollectiveCall
+from .events import OpTime
+from .files import TraceInfo, Unreadable
+from .fused import RegionSpan, RegionTopOps
+from .memory_events import MemoryUse, OpBytes
+
+__all__ = ["CACHE_ENV", "SummaryCache", "cache_dir", "file_key"]
+
+CACHE_ENV = "TORCHSTEP_PROF_CACHE_DIR"
+_FORMAT = 2
+
+
+_NOT_CONTENTS = ("cannot read", "not a regular file", "a symbolic link")
+"""Reasons a file is skipped that its contents do not decide (see
+:mod:`~torchstep_prof.traces.loading`): never cached."""
+
+
+def cache_dir() -> str:
+    """Where summary caches live: ``$TORCHSTEP_PROF_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/torchstep_prof``, else ``~/.cache/torchstep_prof``."""
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(home, "torchstep_prof")
+
+
+def file_key(path: str) -> Optional[tuple[str, int, int]]:
+    """(real path, size, mtime in ns) of ``path``; None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _real_folder(os.path.dirname(path)) + os.sep + os.path.basename(path), st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=1024)
+def _real_folder(folder: str) -> str:
+    # Once per folder, not per file: realpath walks every component of the path.
+    return os.path.realpath(folder or ".")
+
+
+# Entries hold each record as the list of its field values (nested records alike): a second run
+# rebuilds 20,000 descriptions, and keyword-free lists decode several times faster than cattrs.
+_NESTED: dict[str, Any] = {
+    "top_ops": OpTime,
+    "regions": RegionSpan,
+    "region_ops": (RegionTopOps, {"ops": OpTime}),
+    "collectives": CollectiveCall,
+    "memory": (MemoryUse, {"top_ops": OpBytes}),
+}
+_INFO_FIELDS = tuple(f.name for f in attrs.fields(TraceInfo) if f.name != "path")
+
+
+def _encode(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return [_encode(getattr(value, f.name)) for f in attrs.fields(type(value))]
+    if isinstance(value, tuple):
+        return [_encode(item) for item in value]
+    return value
+
+
+def _decoder(kind: Any) -> Any:
+    """A function of a list of rows to a tuple of ``kind``'s records, written for its fields (as
+    attrs writes ``__init__``): no per-row dict."""
+    cls, nested = kind if isinstance(kind, tuple) else (kind, {})
+    scope: dict[str, Any] = {"cls": cls}
+    args = []
+    for index, f in enumerate(attrs.fields(cls)):
+        if f.name in nested:
+            scope[f"d_{f.name}"] = _decoder(nested[f.name])
+            args.append(f"{f.name}=d_{f.name}(r[{index}])")
+        else:
+            args.append(f"{f.name}=r[{index}]")
+    return eval(f"lambda rows: tuple([cls({', '.join(args)}) for r in rows])", scope)  # noqa: S307
+
+
+@functools.lru_cache(maxsize=1)
+def _decoders() -> dict[str, Any]:
+    return {name: _decoder(kind) for name, kind in _NESTED.items()}
+
+
+def _encode_info(info: TraceInfo) -> list[Any]:
+    return [_encode(getattr(info, name)) for name in _INFO_FIELDS]
+
+
+def _decode_info(row: list[Any], path: str) -> TraceInfo:
+    values = dict(zip(_INFO_FIELDS, row))
+    for name, decode in _decoders().items():
+        values[name] = decode(values[name])
+    values["roles"] = tuple(values["roles"])
+    return TraceInfo(path=path, **values)
+
+
+class SummaryCache:
+    """The cache of one trace folder: :meth:`get` an entry, :meth:`put` new ones, :meth:`save`.
+
+    >>> cache = SummaryCache.for_folder("outputs/profile")  # doctest: +SKIP
+    >>> cache.get("outputs/profile/x.json", top=5)           # doctest: +SKIP
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._changed = False
+        self._seen: set[str] = set()
+        self.problem: Optional[str] = None
+        self._load()
+
+    @classmethod
+    def for_folder(cls, directory: str, *, recursive: bool = False) -> SummaryCache:
+        """The cache of ``directory`` (its subfolders too when ``recursive``)."""
+        what = f"{os.path.realpath(directory)}\0{int(recursive)}".encode()
+        name = f"summaries-{hashlib.sha256(what).hexdigest()[:32]}.json"
+        return cls(os.path.join(cache_dir(), name))
+
+    def _load(self) -> None:
+        from .. import __version__
+
+        try:
+            with open(self.path, "rb") as handle:
+                doc = loads(handle.read())
+        except FileNotFoundError:
+            return
+        except Exception:  # a torn or foreign file: start afresh, it is rewritten on save
+            return
+        if (
+            isinstance(doc, dict)
+            and doc.get("format") == _FORMAT
+            and doc.get("version") == __version__
+            and isinstance(doc.get("entries"), dict)
+        ):
+            self._entries = doc["entries"]
+
+    def get(self, path: str, top: int) -> Union[TraceInfo, Unreadable, None]:
+        """What reading ``path`` with ``top`` operators gave last time, when still valid."""
+        key = file_key(path)
+        if key is None:
+            return None
+        self._seen.add(key[0])
+        entry = self._entries.get(key[0])
+        if not entry or entry.get("size") != key[1] or entry.get("mtime_ns") != key[2]:
+            return None
+        try:
+            if "reason" in entry:
+                return Unreadable(path=path, reason=entry["reason"])
+            if entry.get("top", 0) < top:
+                return None
+            info = _decode_info(entry["info"], path)
+        except Exception:  # an entry this code cannot rebuild: read the file again
+            return None
+        return _trimmed(info, top)
+
+    def put(self, path: str, result: Union[TraceInfo, Unreadable], top: int) -> None:
+        """Remember ``result`` of reading ``path`` with ``top`` operators."""
+        key = file_key(path)
+        if key is None:
+            return
+        entry: dict[str, Any] = {"size": key[1], "mtime_ns": key[2]}
+        if isinstance(result, Unreadable):
+            if result.reason.startswith(_NOT_CONTENTS):
+                return  # a permission, a link, a kind of file: may change with neither
+            entry["reason"] = result.reason
+        else:
+            entry.update(top=top, info=_encode_info(result))
+        self._entries[key[0]] = entry
+        self._changed = True
+
+    def save(self) -> None:
+        """Write the cache if anything changed (atomically); a failure is kept in ``problem``."""
+        if not self._changed:
+            return
+        from .. import __version__
+
+        # Files gone since: their entries go (a folder that is cleaned keeps a small cache).
+        for key in [k for k in self._entries if k not in self._seen and not os.path.exists(k)]:
+            del self._entries[key]
+        folder = os.path.dirname(self.path)
+        tmp = f"{self.path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            doc = {"format": _FORMAT, "version": __version__, "entries": self._entries}
+            with open(tmp, "wb") as handle:
+                handle.write(dumps(doc))
+            os.replace(tmp, self.path)
+            _forget_old(folder)
+        except OSError as exc:
+            self.problem = f"cannot write the summary cache {self.path}: {exc.strerror or exc}"
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        else:
+            self._changed = False
+
+
+MAX_AGE_S = 30 * 24 * 3600
+"""A folder's cache not written for this long is removed (by the next save of any cache): the
+folders read once, a test's or a finished run's, do not pile up."""
+
+
+def _forget_old(folder: str) -> None:
+    cutoff = time.time() - MAX_AGE_S
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith("summaries-") and entry.name.endswith(".json"):
+                try:
+                    if entry.stat().st_mtime < cutoff:
+                        os.unlink(entry.path)
+                except OSError:  # another run removed it, or rewrote it meanwhile
+                    pass
+
+
+def _trimmed(info: TraceInfo, top: int) -> TraceInfo:
+    """``info`` with its operator lists cut to ``top`` (a cache entry may hold more)."""
+    if len(info.top_ops) <= top and all(len(r.ops) <= top for r in info.region_ops):
+        return info
+    return attrs.evolve(
+        info,
+        top_ops=info.top_ops[:top],
+        region_ops=tuple(attrs.evolve(r, ops=r.ops[:top]) for r in info.region_ops) if top else (),
+    )
