@@ -223,7 +223,11 @@ class StepDriver:
         if not selected:
             return
         stack = contextlib.ExitStack()
-        stack.enter_context(step(number))
+        self._watch.ignoring = True
+        try:
+            stack.enter_context(step(number))
+        finally:
+            self._watch.ignoring = False
         self._open_step, self._open_number = stack, number
         self._recorded_steps += 1
         if self.regions:
@@ -264,7 +268,11 @@ class StepDriver:
 
     def _enter_region(self, module: Any, region: ModuleRegion) -> None:
         stack = contextlib.ExitStack()
-        stack.enter_context(profile_region(region.role, region.stage))
+        self._watch.ignoring = True
+        try:
+            stack.enter_context(profile_region(region.role, region.stage))
+        finally:
+            self._watch.ignoring = False
         self._open_regions.append((module, stack))
         self._seen_classes.add(region.class_name)
 

@@ -33,6 +33,7 @@ class RangeWatch:
         self.open: dict[int, tuple[str, bool]] = {}
         self.waiting = False
         self.recording = False  # a trace of ours records now: ranges opened now are unsafe later
+        self.ignoring = False  # our own ranges (the step's ProfilerStep#<n>, regions) are not watched
         self._on_closed = on_closed
         self._on_opened = on_opened
         self._saved: Optional[tuple[Any, Any]] = None
@@ -57,7 +58,7 @@ class RangeWatch:
         watch, owner, get_ident, opened = self, self.owner, threading.get_ident, self.open
 
         def __enter__(rf: Any) -> Any:
-            if get_ident() != owner:
+            if watch.ignoring or get_ident() != owner:
                 return enter(rf)
             if watch.waiting:
                 watch._on_opened()
