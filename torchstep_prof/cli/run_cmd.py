@@ -222,6 +222,11 @@ def run(args: argparse.Namespace) -> int:
     from ..selection.frames import current_frame
     from ..zero_code.boundaries import StepDriver
 
+    from ..engine import ENGINE
+
+    # The profiler's warm-up waits for the step before the first selected one (StepDriver): a
+    # run that profiles no step leaves the process as `python SCRIPT` would have it.
+    ENGINE.warm_up_deferred = True
     with contextlib.ExitStack() as scopes:
         scopes.enter_context(tsp.configure(config))
         driver = StepDriver(current_frame(), step_every=args.step_every, regions=regions, step_on=step_on,

@@ -218,6 +218,7 @@ class StepDriver:
         self._watch.recording = selected
         if near:
             self._watch.install()
+            self._warm_up()
         else:
             self._watch.uninstall_if_idle()
         if not selected:
@@ -232,6 +233,18 @@ class StepDriver:
         self._recorded_steps += 1
         if self.regions:
             self._set_module_hooks(pre=True, post=True)
+
+    def _warm_up(self) -> None:
+        # Deferred from the scope's entry (ENGINE.warm_up_deferred): a run that profiles no step
+        # never starts torch's profiler, its writer thread, or imports what only they need.
+        from ..engine import ENGINE
+
+        if not ENGINE.warmed and self.frame.rank_selected():
+            self._watch.ignoring = True  # its throw-away window's ranges are ours
+            try:
+                ENGINE.warm_up(self.frame.config.contents)
+            finally:
+                self._watch.ignoring = False
 
     def _end_step(self) -> None:
         stack, self._open_step = self._open_step, None

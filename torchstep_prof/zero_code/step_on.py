@@ -159,8 +159,15 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
         elif module not in self.main_names:
             sys.meta_path.insert(0, self)
             self.undo.append(lambda: sys.meta_path.remove(self) if self in sys.meta_path else None)
-        if module in self.main_names and sys.gettrace() is None:
-            self._trace_main()
+        if module in self.main_names:
+            if sys.gettrace() is None:
+                self._trace_main()
+            else:
+                from ..errors import TorchstepProfWarning, warn
+
+                warn(f"torchstep_prof run: --step-on {module}:{self.step_on.qualname}: a tracer (a debugger, "
+                     "coverage) already runs, so the script's function cannot be found: no step will end",
+                     TorchstepProfWarning)  # fmt: skip
         return self.remove
 
     def remove(self) -> None:
@@ -197,7 +204,6 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
         return spec
 
     def _trace_main(self) -> None:
-        main_dict = sys.modules["__main__"].__dict__ if "__main__" in sys.modules else None
         source = self
 
         def local(frame: Any, event: str, arg: Any) -> Any:
@@ -213,7 +219,6 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
                 return local
             return None
 
-        del main_dict
         self._tracing = True
         sys.settrace(global_trace)
 
