@@ -8,8 +8,8 @@ of the run selected: the optimizer hooks' check runs on every step), the two alt
 child. Each child times its own steady-state loop and prints the median step time; start-up
 (torch's import, the profiler's one-time warm-up) is outside what is compared.
 
-Both children run with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``, at its default
-128 KiB). Left dynamic, it moves with whatever the process freed before the loop (any import
+Both children run with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_`` = 16 MiB, so the
+step's tensors come from the heap in both, with no system call). Left dynamic, it moves with whatever the process freed before the loop (any import
 does), and the step's 128 KiB tensors then come from the heap or from fresh pages: 30 to 145
 page faults a step, the same script and the same command, which swung the ratio 0.8x-1.15x
 between runs. Fixed, it compares what ``run`` adds to a step.
@@ -51,7 +51,7 @@ def _one(command: list[str]) -> float:
     env = {k: v for k, v in os.environ.items() if k not in _timing.ENGINE_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["TORCHSTEP_PROF_SUMMARY"] = "0"
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")  # see the module's docstring
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(16 << 20))  # see the module's docstring
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=300, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])["step_s"]
 

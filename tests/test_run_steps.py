@@ -106,6 +106,28 @@ def test_consecutive_selected_steps_with_ranges_around_the_update_never_crash(tm
             assert_holds_its_iteration(trace, number)
 
 
+def test_a_range_around_the_loop_opened_in_a_profiled_step_stops_profiling_until_it_closes(tmp_path):
+    # Step 1 begins with the script, so it opens script/epoch: no trace may start inside it.
+    done = tsp_run(["--steps", "1,2,3"], ["--iters", "4", "--epoch-range"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = step_traces(tmp_path / "outputs" / "profile")
+    assert sorted(found) == [1]
+    # Step 1 ended when iteration 2's range opened: iteration 1 is whole in it.
+    assert [e["name"] for e in named(found[1], "script/iter")] == ["script/iter1"]
+    for number in (2, 3):
+        assert f"step {number} not profiled: the range 'script/epoch', opened in a profiled step, was still open" \
+            in done.stdout, done.stdout
+
+
+def test_a_range_around_the_loop_opened_before_profiling_is_no_obstacle(tmp_path):
+    done = tsp_run(["--steps", "3,4"], ["--iters", "5", "--epoch-range"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = step_traces(tmp_path / "outputs" / "profile")
+    assert sorted(found) == [3, 4]
+    for number, trace in found.items():
+        assert_holds_its_iteration(trace, number)
+
+
 def test_step_on_backward_ends_a_step_at_each_top_level_backward(tmp_path):
     # A gradient penalty: torch.autograd.grad(create_graph=True) then backward through it; the
     # grad call ends nothing, the backward (double backward inside) ends one step.

@@ -2,15 +2,18 @@
 iteration (profiled by `torchstep-prof run` in tests/test_run_steps.py).
 
     python train_ranges.py --iters 5 [--update sgd|lbfgs|manual|function] [--penalty] [--dist]
+                           [--epoch-range]
 
 Iteration i (from 1) runs inside ``record_function("script/iter<i>")``: the batch from a
 DataLoader, zero_grad, forward, backward and the update. The model is built inside
 ``record_function("script/setup")``. ``--update function`` updates by hand in the module-level
 ``sgd_update``; ``manual`` updates inline; ``--penalty`` adds a gradient penalty computed with
-``torch.autograd.grad(create_graph=True)`` (double backward).
+``torch.autograd.grad(create_graph=True)`` (double backward). ``--epoch-range`` runs the whole
+loop inside ``record_function("script/epoch")``.
 """
 
 import argparse
+import contextlib
 
 import torch
 from torch.profiler import record_function
@@ -29,6 +32,7 @@ def main() -> None:
     parser.add_argument("--update", default="sgd", choices=["sgd", "lbfgs", "manual", "function"])
     parser.add_argument("--penalty", action="store_true")
     parser.add_argument("--dist", action="store_true")
+    parser.add_argument("--epoch-range", action="store_true")
     args = parser.parse_args()
     if args.dist:
         torch.distributed.init_process_group("gloo")
@@ -47,6 +51,14 @@ def main() -> None:
     elif args.update == "lbfgs":
         opt = torch.optim.LBFGS(params, lr=0.1, max_iter=3)
     batches = iter(loader)
+    epoch = record_function("script/epoch") if args.epoch_range else contextlib.nullcontext()
+    with epoch:
+        loop(args, model, params, opt, batches)
+    if args.dist:
+        torch.distributed.destroy_process_group()
+
+
+def loop(args, model, params, opt, batches) -> None:
     for i in range(1, args.iters + 1):
         with record_function(f"script/iter{i}"):
             x, y = next(batches)
@@ -78,8 +90,6 @@ def main() -> None:
                         p.grad = None
             else:
                 sgd_update(params, 0.01)
-    if args.dist:
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -185,7 +185,7 @@ class StepDriver:
         if self._pending is not None:  # a boundary before the last one's ranges closed
             self._transition()
         self._pending = following
-        if self._watch.open:
+        if self._watch.current:
             self._watch.waiting = True  # _ranges_closed or _range_opening carries it out
         else:
             self._transition()
@@ -208,6 +208,7 @@ class StepDriver:
     def _begin(self, number: int) -> None:
         """Step ``number`` begins now: its trace starts if selected; the range watch is on while
         this step or the next is selected (the next one's start waits for this one's ranges)."""
+        self._watch.new_step()
         selected = self.frame.action(number) is not StepAction.NONE
         if selected:
             unsafe = self._watch.unsafe()
