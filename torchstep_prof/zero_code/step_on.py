@@ -200,6 +200,9 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
                 loader.exec_module(module)
                 source._wrap_in(module)
 
+            def __getattr__(self, name: str) -> Any:  # get_source, resource readers...
+                return getattr(loader, name)
+
         spec.loader = _Loader()
         return spec
 
