@@ -7,12 +7,19 @@ and as ``python -m torchstep_prof run --steps 100000 -- SCRIPT`` (a schedule in 
 of the run selected: the optimizer hooks' check runs on every step), the two alternating child by
 child. Each child times its own steady-state loop and prints the median step time; start-up
 (torch's import, the profiler's one-time warm-up) is outside what is compared.
+
+Both children run with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_`` = 16 MiB, so the
+step's tensors come from the heap in both, with no system call). Left dynamic, it moves with whatever the process freed before the loop (any import
+does), and the step's 128 KiB tensors then come from the heap or from fresh pages: 30 to 145
+page faults a step, the same script and the same command, which swung the ratio 0.8x-1.15x
+between runs. Fixed, it compares what ``run`` adds to a step.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -33,20 +40,27 @@ def child(steps: int) -> None:
     mlp_step = _timing.make_mlp_step(width=512, batch=64, layers=3)
     for _ in range(10):
         mlp_step()
-    times = []
+    import threading
+
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         mlp_step()
+        cpu.append(time.thread_time() - c0)
         times.append(time.perf_counter() - t0)
-    print(json.dumps({"step_s": statistics.median(times)}))
+    # The training thread's CPU time too: free of the time other processes of a shared machine
+    # took the core, though blind to a thread of ours taking the GIL (hence the thread count).
+    print(json.dumps({"step_s": statistics.median(times), "cpu_s": statistics.median(cpu),
+                      "threads": threading.active_count()}))  # fmt: skip
 
 
-def _one(command: list[str]) -> float:
+def _one(command: list[str]) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _timing.ENGINE_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["TORCHSTEP_PROF_SUMMARY"] = "0"
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(16 << 20))  # see the module's docstring
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=300, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])["step_s"]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run(quick: bool = False) -> Report:
@@ -55,17 +69,26 @@ def run(quick: bool = False) -> Report:
     script = [str(Path(__file__).resolve()), "--child", str(steps)]
     plain_cmd = [sys.executable, *script]
     run_cmd = [sys.executable, "-m", "torchstep_prof", "run", "--steps", "100000", "--", *script]
-    plain, profiled = [], []
+    plain_runs: list[dict] = []
+    run_runs: list[dict] = []
     for index in range(rounds):
-        pair = [(plain, plain_cmd), (profiled, run_cmd)]
+        pair = [(plain_runs, plain_cmd), (run_runs, run_cmd)]
         for samples, command in pair if index % 2 == 0 else pair[::-1]:
             samples.append(_one(command))
+    plain, profiled = [r["step_s"] for r in plain_runs], [r["step_s"] for r in run_runs]
+    plain_cpu, run_cpu = [r["cpu_s"] for r in plain_runs], [r["cpu_s"] for r in run_runs]
     report.add(stat("python SCRIPT: one training step", plain))
     report.add(stat("torchstep-prof run, no step profiled: one training step", profiled))
+    report.add(stat("python SCRIPT: training thread's CPU time a step", plain_cpu))
+    report.add(stat("torchstep-prof run: training thread's CPU time a step", run_cpu))
     report.targets.append(
         ratio_target("run_not_profiling", plain, profiled, LIMIT, "torchstep-prof run vs python SCRIPT, no step profiled")
     )
     report.notes.append(f"{rounds} children each, {steps} steps a child, medians of the per-step times")
+    cpu_ratio = statistics.median(run_cpu) / statistics.median(plain_cpu)
+    report.notes.append(f"CPU time of the training thread, run / python SCRIPT: {cpu_ratio:.3f}; threads at the "
+                        f"loop's end: python SCRIPT {sorted({r['threads'] for r in plain_runs})}, "
+                        f"run {sorted({r['threads'] for r in run_runs})}")  # fmt: skip
     in_process(report, quick)
     return report
 

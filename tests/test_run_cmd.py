@@ -182,7 +182,7 @@ def test_a_step_no_optimizer_step_ended_is_dropped(tmp_path):
     assert done.returncode == 0, done.stderr
     (trace,) = traces(tmp_path / "outputs" / "profile")
     assert "_step4_" in trace.name
-    assert "step 5 began but no optimizer step ended it" in done.stdout
+    assert "step 5 began but no boundary (each Optimizer.step call) ended it" in done.stdout
 
 
 def test_config_file_then_command_line_then_environment(tmp_path):

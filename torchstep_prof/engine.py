@@ -79,6 +79,7 @@ class Engine:
         self._writer: Optional[TraceWriter] = None  # made with the first trace: see writer
         self.forked = False
         self.warmed = False
+        self.warm_up_deferred = False  # torchstep-prof run warms up near its first selected step
         # role -> stage -> counter (two lookups of interned strings beat building a tuple key)
         self.counters: dict[str, dict[str, Iterator[int]]] = {}
         # (role, stage, step) -> traces started so far; (None, None, step) for fused ones
@@ -360,7 +361,7 @@ class Engine:
         from . import _load_every_name
 
         _load_every_name()
-        if not self.warmed and frame.rank_selected():
+        if not self.warmed and not self.warm_up_deferred and frame.rank_selected():
             self.warm_up(frame.config.contents)
 
     def scope_exited(self, frame: Frame, parent: Frame) -> None:

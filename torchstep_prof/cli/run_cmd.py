@@ -21,9 +21,10 @@ from ..errors import ConfigError
 __all__ = ["register"]
 
 _EPILOG = """\
-Each Optimizer.step call ends a step (every K-th with --step-every K); steps count from 1.
-A selected step's trace starts at the first module forward after the previous step's
-optimizer step. Precedence: --config, then these options and --set, then the environment
+Each Optimizer.step call ends a step (or what --step-on names; every K-th with --step-every K);
+steps count from 1, step 1 begins with the script. A step's trace ends, and the next one's
+begins, once the boundary has returned and the record_function ranges the step opened have
+closed. Precedence: --config, then these options and --set, then the environment
 (TORCHSTEP_PROF_CONFIG, TORCHSTEP_PROF_OVERRIDES).
 """
 
@@ -46,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="also serve `torchstep-prof trigger DIR` requests (no --steps needed)")
     which.add_argument("--step-every", metavar="K", type=_int("--step-every"), default=1,
                        help="K optimizer steps make one step (gradient accumulation, several optimizers)")
+    which.add_argument("--step-on", metavar="WHAT", default="optimizer",
+                       help="what ends a step: optimizer (each Optimizer.step, the default), backward (each "
+                            "top-level autograd backward) or MODULE:QUALNAME (each return of that function)")
     where = parser.add_argument_group("where and what")
     where.add_argument("--ranks", metavar="LIST", type=_int_list("--ranks"), help="global ranks that profile (default 0)")
     where.add_argument("--all-ranks", action="store_true", help="every rank profiles")
@@ -168,6 +172,13 @@ def run(args: argparse.Namespace) -> int:
         parser.error("--steps and --skip-first/--wait/--warmup/--active/--repeat are two ways to choose steps: use one")
     if args.step_every < 1:
         parser.error(f"--step-every: must be >= 1 (got {args.step_every})")
+    from ..zero_code.step_on import check_defined_in, parse_step_on
+
+    try:
+        step_on = parse_step_on(args.step_on)
+    except ValueError as exc:
+        parser.error(str(exc))
+    main_names = ("__main__", module if module is not None else _script_module(script or ""))
 
     from ..zero_code.script_runner import ScriptNotFound, check_module, check_script, run_module, run_script
     from ..config.environment import ENV_CONFIG, ENV_OVERRIDES, read_environment
@@ -199,6 +210,11 @@ def run(args: argparse.Namespace) -> int:
     except ScriptNotFound as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
+    if step_on.kind == "function" and step_on.module in main_names:
+        try:
+            check_defined_in(step_on, script if module is None else _module_file(module))
+        except ValueError as exc:
+            parser.error(str(exc))
 
     def launch() -> None:
         if module is not None:
@@ -214,10 +230,33 @@ def run(args: argparse.Namespace) -> int:
     from ..selection.frames import current_frame
     from ..zero_code.boundaries import StepDriver
 
+    from ..engine import ENGINE
+
+    # The profiler's warm-up waits for the step before the first selected one (StepDriver): a
+    # run that profiles no step leaves the process as `python SCRIPT` would have it.
+    ENGINE.warm_up_deferred = True
     with contextlib.ExitStack() as scopes:
         scopes.enter_context(tsp.configure(config))
-        driver = StepDriver(current_frame(), step_every=args.step_every, regions=regions)
+        driver = StepDriver(current_frame(), step_every=args.step_every, regions=regions, step_on=step_on,
+                            main_names=main_names)  # fmt: skip
         driver.install()
         scopes.callback(driver.close)  # before the scope exits: its hook sees every trace
         launch()
     return 0
+
+
+def _script_module(path: str) -> str:
+    """The name ``--step-on MODULE:...`` may give the script itself (``train`` for train.py)."""
+    import os
+
+    return os.path.splitext(os.path.basename(path.rstrip(os.sep)))[0] or "__main__"
+
+
+def _module_file(name: str) -> Optional[str]:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return getattr(spec, "origin", None)

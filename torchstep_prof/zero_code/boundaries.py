@@ -1,35 +1,52 @@
-"""Zero-code step boundaries: torch's global optimizer and module hooks drive step blocks and regions.
+"""Zero-code step boundaries: a step ends where ``--step-on`` says, and its trace holds all of it.
 
-``torchstep-prof run`` cannot edit the script, so each ``Optimizer.step`` call (every K-th with
-``step_every=K``) ends a step, and a selected step is a ``tsp.step(n)`` block entered and left
-from those hooks. Ending a trace from the optimizer post-hook is safe; starting the next one
-there is not (the hook runs inside torch's own ``Optimizer.step#...`` range, and a profiler
-started inside it crashes about half the time, TORCH_FACTS.md). So the next selected step is
-*armed* at the boundary and starts at the first module forward after it (or, for a script with
-no ``nn.Module``, at the next optimizer pre-hook): its trace holds that step's forward, backward
-and optimizer step, and nothing of the step before.
+``torchstep-prof run`` cannot edit the script, so each boundary (an ``Optimizer.step`` call by
+default, every K-th with ``step_every=K``; see ``step_on``) ends a step, and a selected step is a
+``tsp.step(n)`` block entered and left by :class:`StepDriver`. Step 1 begins when the script
+does. A step's trace ends, and the next one's begins, at the same instant: the first point after
+the boundary at which every ``record_function`` range the training thread opened since the
+step began has closed (``open_ranges``): torch's own ``Optimizer.step#...`` range (a profiler
+started inside it crashes, TORCH_FACTS.md), and a user's range around the iteration, which is
+so held whole by its own step's trace. The data loader, ``zero_grad`` and anything else before
+the next forward are the next step's. A range that outlives the step (an epoch's) cannot be
+waited for: the next range that opens ends the step, and no trace of ours starts until that
+range closes (the summary names the steps this skipped).
 
-Not profiling costs one counter and one comparison per optimizer step: module hooks exist only
-while a step is armed or records.
+Not profiling costs one counter and one comparison per boundary: the range watch and module
+hooks exist only near selected steps.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Optional, Sequence
+import threading
+from typing import Any, Callable, Optional, Sequence
 
 import attrs
 from torch.nn.modules import module as _module_hooks
-from torch.optim import optimizer as _optimizer_hooks
 
 from ..errors import TorchstepProfWarning, warn
 from ..triggers.watcher import ON_DEMAND as _ON_DEMAND
 from ..summary.records import STORE
 from ..regions import profile_region, step
 from ..selection.frames import Frame
-from ..selection.rules import StepAction, last_selected_step
+from ..selection.rules import StepAction
+from .open_ranges import RangeWatch
+from .step_on import StepOn
 
-__all__ = ["ModuleRegion", "StepDriver", "parse_region"]
+__all__ = ["ModuleRegion", "StepDriver", "current_step", "parse_region"]
+
+_DRIVER: list = []  # the one StepDriver of the process, while a run runs
+
+
+def current_step() -> Optional[int]:
+    """The step the script is in under ``torchstep-prof run`` (boundaries seen + 1, counted as
+    ``--step-every`` groups them); ``None`` outside a run.
+
+    >>> current_step() is None
+    True
+    """
+    return _DRIVER[0].step_now if _DRIVER else None
 
 
 @attrs.frozen(kw_only=True)
@@ -65,62 +82,74 @@ def parse_region(text: str) -> ModuleRegion:
 
 
 class StepDriver:
-    """Turns optimizer steps into ``tsp.step(n)`` blocks under ``frame`` (the scopes the runner
+    """Turns boundaries into ``tsp.step(n)`` blocks under ``frame`` (the scopes the runner
     entered), and module forwards into regions while a selected step records.
 
-    ``install()`` adds the optimizer hooks; ``close()`` ends whatever is open (a step that no
-    optimizer step ended is dropped, not written) and removes every hook. One per process.
+    ``install()`` begins step 1 and starts the boundary source; ``close()`` ends whatever is
+    open (a step no boundary ended is dropped, not written) and removes every hook. One per
+    process, driven from the thread that installs it (the script's).
     """
 
-    def __init__(self, frame: Frame, step_every: int = 1, regions: Sequence[ModuleRegion] = ()) -> None:
+    def __init__(self, frame: Frame, step_every: int = 1, regions: Sequence[ModuleRegion] = (),
+                 step_on: StepOn = StepOn("optimizer"), main_names: tuple[str, ...] = ("__main__",)) -> None:  # fmt: skip
         self.frame = frame
         self.step_every = step_every
+        self.step_on = step_on
+        self.main_names = main_names
         self.regions = {r.class_name: r for r in regions}
-        self.calls = 0  # Optimizer.step calls so far
-        self.armed: Optional[int] = None  # the selected step to start at the next activity
+        self.calls = 0  # boundary events so far
+        self.step_now = 1  # the step the script is in
+        self._pending: Optional[int] = None  # a boundary passed: the step to begin once ranges close
         self._open_step: Optional[contextlib.ExitStack] = None
         self._open_number = 0
         self._open_regions: list[tuple[Any, contextlib.ExitStack]] = []  # (module, region), innermost last
         self._seen_classes: set[str] = set()
         self._recorded_steps = 0
-        self._last = last_selected_step(frame.config.schedule)
-        self._handles: list[Any] = []
+        self._skipped: list[tuple[int, str]] = []  # (step, the range that kept it from starting)
+        self._remove_source: Optional[Callable[[], None]] = None
         self._forward_pre: Any = None
         self._forward_post: Any = None
         self._failed = False
+        self._owner = threading.get_ident()
+        self._watch = RangeWatch(self._owner, on_closed=self._ranges_closed, on_opened=self._range_opening)
 
     # --- installation ---------------------------------------------------------------------
 
     def install(self) -> None:
-        # Optimizer hooks stay for the whole run: torch iterates its global optimizer hook dicts
-        # lazily, so adding or removing one from inside a hook would break the running step.
-        self._handles.append(_optimizer_hooks.register_optimizer_step_pre_hook(self._on_optimizer_pre))
-        self._handles.append(_optimizer_hooks.register_optimizer_step_post_hook(self._on_optimizer_post))
-        self._arm(1)
+        _DRIVER[:] = [self]
+        self._remove_source = _install_source(self.step_on, self._on_boundary, self._owner, self.main_names)
+        self._guarded(self._begin, 1)
 
     def close(self) -> None:
         """End the run: drop a step still open, remove every hook, note what the summary must say."""
+        seen = self.calls >= self.step_every
         try:
+            self._pending = None
             if self._open_step is not None:
                 number = self._open_number
                 from ..engine import ENGINE
 
                 ENGINE.drop_running_trace()
                 self._end_step()
-                STORE.add_attention(
-                    f"run-open-step-{number}",
-                    f"torchstep-prof run: step {number} began but no optimizer step ended it; its trace was not written",
-                )
+                if seen:
+                    STORE.add_attention(
+                        f"run-open-step-{number}",
+                        f"torchstep-prof run: step {number} began but no boundary ({self.step_on.describe()}) "
+                        "ended it; its trace was not written",
+                    )
         finally:
-            self.armed = None
             self._set_module_hooks(pre=False, post=False)
-            for handle in self._handles:
-                handle.remove()
-            self._handles.clear()
-        if self.calls < self.step_every:
+            self._watch.remove()
+            if self._remove_source is not None:
+                self._remove_source()
+                self._remove_source = None
+            _DRIVER.clear()
+        STORE.add_attention("run-step-on", f"torchstep-prof run: a step ended at {self.step_on.describe()}"
+                            + (f", {self.step_every} to a step" if self.step_every > 1 else ""))  # fmt: skip
+        if not seen:
             STORE.add_attention(
                 "run-no-step",
-                "torchstep-prof run: no step boundary was seen (no Optimizer.step call"
+                f"torchstep-prof run: no step boundary was seen (no {self.step_on.describe()[5:]}"
                 + (f", or fewer than --step-every {self.step_every}" if self.step_every > 1 else "")
                 + "): nothing was profiled",
             )
@@ -131,69 +160,118 @@ class StepDriver:
                     f"torchstep-prof run: --region {name}: no forward of a module of class {name} "
                     "ran in a selected step",
                 )
+        for number, name in self._skipped:
+            STORE.add_attention(
+                f"run-skipped-{number}",
+                f"torchstep-prof run: step {number} not profiled: the range {name!r}, opened in a profiled "
+                "step, was still open (a profiler started inside it crashes torch)",
+            )
 
-    # --- optimizer hooks: step boundaries --------------------------------------------------
+    # --- boundaries -----------------------------------------------------------------------------
 
-    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.armed is not None:  # a selected step with no module forward before its update
-            self._guarded(self._start_armed)
-
-    def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _on_boundary(self) -> None:
+        if threading.get_ident() != self._owner:
+            return  # another thread's work: its steps are not the script's
         self.calls += 1
         if self.calls % self.step_every:
             return  # inside a --step-every group: not a boundary
-        following = self.calls // self.step_every + 1
+        ended = self.calls // self.step_every
+        self.step_now = ended + 1
         watcher = _ON_DEMAND.watcher  # on-demand traces: the watcher notes the step (its status)
-        requested = watcher is not None and watcher.wants(following)
-        if self._open_step is None and self.armed is None and not requested:
-            if self.frame.action(following) is StepAction.NONE:
-                return  # the common case, not profiling: one counter, one check
-        self._guarded(self._boundary)
+        requested = watcher is not None and (watcher.wants(ended + 1) or self._requested(ended + 2))
+        if self._open_step is None and self._pending is None and not self._watch.installed and not requested:
+            if self.frame.action(ended + 1) is StepAction.NONE and self.frame.action(ended + 2) is StepAction.NONE:
+                return  # the common case, not profiling: one counter, two checks
+        self._guarded(self._boundary, ended + 1)
 
-    def _boundary(self) -> None:
+    def _boundary(self, following: int) -> None:
+        if self._pending is not None:  # a boundary before the last one's ranges closed
+            self._transition()
+        self._pending = following
+        if self._watch.current:
+            self._watch.waiting = True  # _ranges_closed or _range_opening carries it out
+        else:
+            self._transition()
+
+    def _ranges_closed(self) -> None:
+        self._guarded(self._transition)
+
+    def _range_opening(self) -> None:
+        # The next step's work opens a range while one from before the boundary is still open.
+        self._guarded(self._transition)
+
+    def _transition(self) -> None:
+        number, self._pending = self._pending, None
+        self._watch.waiting = False
         if self._open_step is not None:
             self._end_step()
-        ended = self.calls // self.step_every
-        if self._last is not None and ended >= self._last and _ON_DEMAND.watcher is None:
-            return  # the schedule is over: nothing more to arm
-        self._arm(ended + 1)
+        if number is not None:
+            self._begin(number)
 
-    def _arm(self, number: int) -> None:
-        if self.frame.action(number) is StepAction.NONE and not self._requested(number):
+    def _begin(self, number: int) -> None:
+        """Step ``number`` begins now: its trace starts if selected; the range watch is on while
+        this step or the next is selected (the next one's start waits for this one's ranges)."""
+        self._watch.new_step()
+        requested = self._requested(number)
+        selected = requested or self.frame.action(number) is not StepAction.NONE
+        if selected:
+            unsafe = self._watch.unsafe()
+            if unsafe is not None:
+                self._skipped.append((number, unsafe))
+                selected = False
+        requested_next = self._requested(number + 1)
+        near = selected or requested_next or self.frame.action(number + 1) is not StepAction.NONE
+        self._watch.recording = selected
+        if near:
+            self._watch.install()
+            self._warm_up(requested or requested_next)
+        else:
+            self._watch.uninstall_if_idle()
+        if not selected:
             return
-        self.armed = number
-        self._set_module_hooks(pre=True, post=bool(self.regions))
+        stack = contextlib.ExitStack()
+        self._watch.ignoring = True
+        try:
+            stack.enter_context(step(number))
+        finally:
+            self._watch.ignoring = False
+        self._open_step, self._open_number = stack, number
+        self._recorded_steps += 1
+        if self.regions:
+            self._set_module_hooks(pre=True, post=True)
 
     @staticmethod
     def _requested(number: int) -> bool:
-        """Whether an on-demand request names step ``number``."""
+        """Whether an on-demand request (``torchstep-prof trigger``) names step ``number``."""
         watcher = _ON_DEMAND.watcher
         plan = watcher.plan if watcher is not None else None
         return plan is not None and number in plan.steps
 
-    def _start_armed(self) -> None:
-        number, self.armed = self.armed, None
-        if number is None:
-            return
-        stack = contextlib.ExitStack()
-        stack.enter_context(step(number))
-        self._open_step, self._open_number = stack, number
-        self._recorded_steps += 1
-        if not self.regions:
-            self._set_module_hooks(pre=False, post=False)
+    def _warm_up(self, requested: bool) -> None:
+        # Deferred from the scope's entry (ENGINE.warm_up_deferred): a run that profiles no step
+        # never starts torch's profiler, its writer thread, or imports what only they need.
+        from ..engine import ENGINE
+
+        # A request may name ranks the run's own --ranks do not: it warms up wherever it profiles.
+        if not ENGINE.warmed and (requested or self.frame.rank_selected()):
+            self._watch.ignoring = True  # its throw-away window's ranges are ours
+            try:
+                ENGINE.warm_up(self.frame.config.contents)
+            finally:
+                self._watch.ignoring = False
 
     def _end_step(self) -> None:
         stack, self._open_step = self._open_step, None
+        self._watch.recording = False
         try:
             while self._open_regions:
                 self._open_regions.pop()[1].close()
         finally:
             if stack is not None:
                 stack.close()
-            if self.armed is None:
-                self._set_module_hooks(pre=False, post=False)
+            self._set_module_hooks(pre=False, post=False)
 
-    # --- module hooks: the armed step's start, and regions -------------------------------------
+    # --- module hooks: regions -----------------------------------------------------------------
 
     def _set_module_hooks(self, *, pre: bool, post: bool) -> None:
         if pre and self._forward_pre is None:
@@ -209,9 +287,7 @@ class StepDriver:
             self._forward_post = None
 
     def _on_forward_pre(self, module: Any, args: Any) -> None:
-        if self.armed is not None:
-            self._guarded(self._start_armed)
-        if self._open_step is None:
+        if self._open_step is None or threading.get_ident() != self._owner:
             return
         region = self.regions.get(type(module).__name__)
         if region is not None:
@@ -219,7 +295,11 @@ class StepDriver:
 
     def _enter_region(self, module: Any, region: ModuleRegion) -> None:
         stack = contextlib.ExitStack()
-        stack.enter_context(profile_region(region.role, region.stage))
+        self._watch.ignoring = True
+        try:
+            stack.enter_context(profile_region(region.role, region.stage))
+        finally:
+            self._watch.ignoring = False
         self._open_regions.append((module, stack))
         self._seen_classes.add(region.class_name)
 
@@ -243,3 +323,10 @@ class StepDriver:
                 self._failed = True
                 warn(f"torchstep_prof run: profiling a step failed ({exc!r}); training goes on", TorchstepProfWarning)
 
+
+
+def _install_source(step_on: StepOn, on_boundary: Callable[[], None], owner: int,
+                    main_names: tuple[str, ...]) -> Callable[[], None]:  # fmt: skip
+    from .step_on import install_source
+
+    return install_source(step_on, on_boundary, owner, main_names)
