@@ -27,6 +27,7 @@ from torch.nn.modules import module as _module_hooks
 
 from ..errors import TorchstepProfWarning, warn
 from ..triggers.watcher import ON_DEMAND as _ON_DEMAND
+from ..region_metrics import recorder as _recorder
 from ..summary.records import STORE
 from ..regions import profile_region, step
 from ..selection.frames import Frame
@@ -112,6 +113,9 @@ class StepDriver:
         self._failed = False
         self._owner = threading.get_ident()
         self._watch = RangeWatch(self._owner, on_closed=self._ranges_closed, on_opened=self._range_opening)
+        # Metrics on: every step is timed, boundary to boundary (a selected step's block times itself).
+        self._timed = frame.metrics is not None
+        self._step_t0 = _recorder._perf() if self._timed else 0.0
 
     # --- installation ---------------------------------------------------------------------
 
@@ -177,6 +181,11 @@ class StepDriver:
             return  # inside a --step-every group: not a boundary
         ended = self.calls // self.step_every
         self.step_now = ended + 1
+        if self._timed:
+            now = _recorder._perf()
+            if self._open_step is None:  # no step block times this step
+                _recorder.record_step(now - self._step_t0)
+            self._step_t0 = now
         watcher = _ON_DEMAND.watcher  # on-demand traces: the watcher notes the step (its status)
         requested = watcher is not None and (watcher.wants(ended + 1) or self._requested(ended + 2))
         if self._open_step is None and self._pending is None and not self._watch.installed and not requested:
