@@ -121,9 +121,11 @@ def test_python_snippets_are_python(page: Path):
 
 
 def _commands(page: Path) -> list[list[str]]:
-    """Every `torchstep-prof ...` / `python -m torchstep_prof ...` line of the page's bash blocks."""
+    """Every `torchstep-prof ...` / `python -m torchstep_prof ...` line of the page's bash blocks
+    and of the `$ ...` lines of its plain blocks (a console session shown with its output)."""
     found = []
-    for block in _blocks(page, "bash"):
+    shown = ["\n".join(line[2:] for line in b.splitlines() if line.startswith("$ ")) for b in _blocks(page, "")]
+    for block in _blocks(page, "bash") + shown:
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             for k, word in enumerate(words):
