@@ -25,9 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("directory", metavar="BASE", help="the folder of the base traces")
     parser.add_argument("test", metavar="TEST", nargs="?", help="the folder of the traces to compare")
-    parser.add_argument(
-        "-r", "--recursive", action="store_true", help="also read the traces in subfolders"
-    )
+    parser.add_argument("-r", "--recursive", action="store_true", help="also read the traces in subfolders")
     _tracedir.add_filter_arguments(parser)
     parser.add_argument(
         "--top", type=_tracedir.int_at_least(1), default=20, metavar="N",
@@ -83,8 +81,7 @@ def _print_tables(result, top: int) -> None:  # type: ignore[no-untyped-def]
     _columns(
         ["region", "base ms", "test ms", "delta ms", "traces"],
         [
-            [r.region, opt(r.base_ms), opt(r.test_ms), f"{r.delta_ms:+.1f}",
-             f"{r.base_traces}/{r.test_traces}"]
+            [r.region, opt(r.base_ms), opt(r.test_ms), f"{r.delta_ms:+.1f}", f"{r.base_traces}/{r.test_traces}"]
             for r in result.regions
         ],  # fmt: skip
     )
@@ -93,9 +90,15 @@ def _print_tables(result, top: int) -> None:  # type: ignore[no-untyped-def]
     _columns(
         ["region", "operator", "base ms", "test ms", "delta ms", "calls", ""],
         [
-            [o.region, o.name, format_ms(o.base_ms), format_ms(o.test_ms), f"{o.delta_ms:+.2f}",
-             f"{_count(o.base_count)} -> {_count(o.test_count)}",
-             "" if o.status == "changed" else o.status]
+            [
+                o.region,
+                o.name,
+                format_ms(o.base_ms),
+                format_ms(o.test_ms),
+                f"{o.delta_ms:+.2f}",
+                f"{_count(o.base_count)} -> {_count(o.test_count)}",
+                "" if o.status == "changed" else o.status,
+            ]
             for o in shown
         ],  # fmt: skip
         labels=2,

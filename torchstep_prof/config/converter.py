@@ -116,8 +116,15 @@ def _converter() -> cattrs.Converter:
 def _structure_config(data: Any, cls: type[C]) -> C:
     """The structure hook of every config class; raises one ``ConfigError`` with all problems."""
     if not isinstance(data, Mapping):
-        raise ConfigError([Problem("", f"the configuration must be a mapping of keys to values "
-                                       f"(got {data!r}; allowed keys: {', '.join(schema(cls))})")])
+        raise ConfigError(
+            [
+                Problem(
+                    "",
+                    f"the configuration must be a mapping of keys to values "
+                    f"(got {data!r}; allowed keys: {', '.join(schema(cls))})",
+                )
+            ]
+        )
     fields = schema(cls)
     problems: list[Problem] = []
     kwargs: dict[str, Any] = {}
@@ -160,8 +167,9 @@ def _non_finite(key: str, value: Any, problems: list[Problem]) -> bool:
 def _structure_section(key: str, value: Any, section: type, problems: list[Problem]) -> Any:
     """A nested section, its problems added under ``key``; ``None`` stands in when it failed."""
     if not isinstance(value, Mapping):
-        problems.append(Problem(key, f"must be a mapping or null (got {value!r}; "
-                                     f"allowed keys: {', '.join(schema(section))})"))
+        problems.append(
+            Problem(key, f"must be a mapping or null (got {value!r}; allowed keys: {', '.join(schema(section))})")
+        )
         return None
     try:
         return _structure_config(value, section)

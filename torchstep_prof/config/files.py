@@ -151,8 +151,13 @@ def _duplicate_keys(node: Any, path: str) -> list[Problem]:
             where = f"{path}.{key}" if path else str(key)
             if key is not None and key in first_line:
                 mark = key_node.start_mark
-                problems.append(Problem(where, f"duplicate key at line {mark.line + 1}, column {mark.column + 1} "
-                                               f"(first at line {first_line[key]}); a key may appear once"))
+                problems.append(
+                    Problem(
+                        where,
+                        f"duplicate key at line {mark.line + 1}, column {mark.column + 1} "
+                        f"(first at line {first_line[key]}); a key may appear once",
+                    )
+                )
             elif key is not None:
                 first_line[key] = key_node.start_mark.line + 1
             problems += _duplicate_keys(value_node, where)
@@ -271,8 +276,11 @@ _PARSERS = {"json": _read_json, "yaml": _read_yaml, "toml": _read_toml}
 
 
 def _to_toml(data: dict[str, Any]) -> str:
-    lines = [f"{key} = {_toml_value(value)}" for key, value in data.items()
-             if value is not None and not isinstance(value, dict)]
+    lines = [
+        f"{key} = {_toml_value(value)}"
+        for key, value in data.items()
+        if value is not None and not isinstance(value, dict)
+    ]
     for key, value in data.items():
         if isinstance(value, dict):
             lines += ["", f"[{key}]"]

@@ -30,9 +30,7 @@ __all__ = [
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
-OP_CATEGORIES = frozenset(
-    {"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"}
-)
+OP_CATEGORIES = frozenset({"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})
 """Event categories counted as operators by :func:`top_ops` (not ranges nor Python frames)."""
 
 
@@ -244,7 +242,12 @@ def _thread_rows(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float, st
             continue
         ts, dur = event.get("ts"), event.get("dur")
         # The common case without a call: plain, sane numbers (NaN fails the comparisons).
-        if not (type(ts) in numbers and type(dur) in numbers and -MAX_TIME_US <= ts <= MAX_TIME_US and 0 <= dur <= MAX_TIME_US):
+        if not (
+            type(ts) in numbers
+            and type(dur) in numbers
+            and -MAX_TIME_US <= ts <= MAX_TIME_US
+            and 0 <= dur <= MAX_TIME_US
+        ):
             ts, dur = _number(ts), _number(dur, duration=True)
             if ts is None or dur is None:
                 continue

@@ -85,8 +85,7 @@ def merge_traces(
     # A trace without a base time comes from a torch that wrote epoch microseconds directly.
     base_ns = min(info.base_time_ns or 0 for info in infos)
     tracks = tuple(
-        MergedTrack(path=info.path, pid=index + 1, label=track_label(info))
-        for index, info in enumerate(infos)
+        MergedTrack(path=info.path, pid=index + 1, label=track_label(info)) for index, info in enumerate(infos)
     )
     out_path = os.fspath(out_path)
     written = 0

@@ -93,4 +93,3 @@ def _read_all(paths: Sequence[str], top: int, jobs: int):  # type: ignore[no-unt
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         for batch, found in zip(batches, pool.map(_read_batch, [(b, top) for b in batches])):
             yield from zip(batch, found)
-

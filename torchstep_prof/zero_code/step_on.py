@@ -80,14 +80,18 @@ def check_defined_in(step_on: StepOn, path: Optional[str]) -> None:
         body = found[-1].body
     else:
         return
-    raise ValueError(f"--step-on {step_on.module}:{step_on.qualname}: {path} defines no {step_on.qualname} at "
-                     "module level (QUALNAME names a module-level function or a method of a module-level class)")
+    raise ValueError(
+        f"--step-on {step_on.module}:{step_on.qualname}: {path} defines no {step_on.qualname} at "
+        "module level (QUALNAME names a module-level function or a method of a module-level class)"
+    )
 
 
 # --- the sources ---------------------------------------------------------------------------------
 
 
-def install_source(step_on: StepOn, on_boundary: Callable[[], None], owner: int, main_names: tuple[str, ...]) -> Callable[[], None]:
+def install_source(
+    step_on: StepOn, on_boundary: Callable[[], None], owner: int, main_names: tuple[str, ...]
+) -> Callable[[], None]:
     """Start calling ``on_boundary`` at each boundary ``step_on`` names; returns the remover.
 
     ``main_names``: the names the script runs under (``__main__`` and its module name): a
