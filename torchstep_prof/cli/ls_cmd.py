@@ -80,7 +80,7 @@ def _print_columns(rows: Sequence[dict]) -> None:
         sys.stdout.write("  ".join(padded + [line[-1]]) + "\n")
 
 
-def _size_text(size: int) -> str:
+def _size_text(size: float) -> str:
     for unit in ("B", "KiB", "MiB"):
         if size < 1024 or unit == "MiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"

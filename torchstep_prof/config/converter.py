@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["from_dict", "schema", "suggest", "to_dict"]
 
-C = TypeVar("C")
+C = TypeVar("C", bound=attrs.AttrsInstance)  # the config classes: attrs classes
 
 _CONFIG_CLASSES = (ProfilerConfig, ScheduleConfig, FinishHookConfig, OnDemandConfig, MetricsConfig)
 
@@ -131,8 +131,8 @@ def _structure_config(data: Any, cls: type[C]) -> C:
     for key, value in data.items():
         if key not in fields:
             problems.append(Problem(str(key), f"unknown key ({suggest(str(key), fields)})"))
-        elif fields[key] is not None and value is not None:
-            kwargs[key] = _structure_section(key, value, fields[key], problems)
+        elif (section := fields[key]) is not None and value is not None:
+            kwargs[key] = _structure_section(key, value, section, problems)
         elif _non_finite(str(key), value, problems):
             continue  # 1e400 read as inf, or .nan: reported as itself, not as a wrong type
         else:

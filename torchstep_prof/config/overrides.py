@@ -235,6 +235,7 @@ def _set(data: dict[str, Any], override: Override, done: set[tuple[str, ...]]) -
         # base config (the code's `schedule(wait=1, ...)` under `schedule.steps=[2]`); where
         # an earlier override set it, the contradiction is the user's and is reported.
         schedule = data["schedule"]
+        replaced: tuple[str, ...]
         if override.path[1] == "steps" and override.value is not None:
             replaced = _CYCLE_FIELDS
         elif override.path[1] in _CYCLE_FIELDS:

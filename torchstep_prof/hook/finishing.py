@@ -131,7 +131,8 @@ def _run(
         _node_sync.mark_finished(scope.scope_id, topology.local_rank)
     if not runs_hook(scope, topology, where):
         return
-    wait_s, missing = 0.0, ()
+    wait_s = 0.0
+    missing: tuple[int, ...] = ()  # the local ranks that did not finish in time
     if hook.per_node:
         t0 = time.perf_counter()
         missing = _node_sync.wait_for_node(scope.scope_id, topology.local_world_size, hook.node_wait_s)

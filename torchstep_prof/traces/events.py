@@ -240,7 +240,9 @@ def _thread_rows(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float, st
     for event in iter_events(trace):
         if event.get("ph") != "X":
             continue
-        ts, dur = event.get("ts"), event.get("dur")
+        # Any: the checks below narrow them (an exact-type test mypy cannot follow, kept for speed).
+        ts: Any = event.get("ts")
+        dur: Any = event.get("dur")
         # The common case without a call: plain, sane numbers (NaN fails the comparisons).
         if not (
             type(ts) in numbers

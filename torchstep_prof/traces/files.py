@@ -98,11 +98,13 @@ class Unreadable:
     reason: str
 
 
-def _labels(what: str) -> Callable[[Iterable[str]], Tuple[str, ...]]:
-    def convert(values: Iterable[str]) -> Tuple[str, ...]:
-        return tuple(sanitize_label(value, what) for value in values)
+# Named functions, not a factory's closures: attrs' mypy plugin types only named converters.
+def _role_labels(values: Iterable[str]) -> Tuple[str, ...]:
+    return tuple(sanitize_label(value, "role") for value in values)
 
-    return convert
+
+def _stage_labels(values: Iterable[str]) -> Tuple[str, ...]:
+    return tuple(sanitize_label(value, "stage") for value in values)
 
 
 @attrs.frozen(kw_only=True)
@@ -113,8 +115,8 @@ class TraceFilter:
     ``compute-log-prob`` files (a label with nothing left after sanitizing is a ``ValueError``).
     """
 
-    roles: Tuple[str, ...] = attrs.field(default=(), converter=_labels("role"))
-    stages: Tuple[str, ...] = attrs.field(default=(), converter=_labels("stage"))
+    roles: Tuple[str, ...] = attrs.field(default=(), converter=_role_labels)
+    stages: Tuple[str, ...] = attrs.field(default=(), converter=_stage_labels)
     steps: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
     ranks: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
     pids: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
@@ -179,7 +181,7 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
             f"{path}: absurd start time (baseTimeNanoseconds plus the step's ts is {start_ns / 1e9:.3g} s since 1970)"
         )
     dist = trace.get("distributedInfo")
-    roles = (fields["role"],)
+    roles: Tuple[str, ...] = (fields["role"],)
     if fields["fused"]:
         ranges = region_ranges(events)
         roles = _unique(_label(r.name.split("/", 1)[0]) for r in ranges) or roles

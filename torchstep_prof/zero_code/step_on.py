@@ -250,11 +250,12 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
         raw = target.__func__ if isinstance(target, (staticmethod, classmethod)) else target
         if not callable(raw):
             return False
-        wrapped = _outermost(raw, self.on_boundary, self.owner)
+        wrapper = _outermost(raw, self.on_boundary, self.owner)
+        wrapped: object = wrapper  # what replaces the target: the wrapper, or it in the same descriptor
         if isinstance(target, staticmethod):
-            wrapped = staticmethod(wrapped)
+            wrapped = staticmethod(wrapper)
         elif isinstance(target, classmethod):
-            wrapped = classmethod(wrapped)
+            wrapped = classmethod(wrapper)
         name = rest[-1] if rest else head
         if owner is None:
             namespace[name] = wrapped
