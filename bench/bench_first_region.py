@@ -85,6 +85,9 @@ def child(mode: str) -> None:
                 with tsp.profile_region("train", "step"):
                     mlp_step()
             times[n] = time.perf_counter() - t0
+    # Untimed. In env mode no scope exit waits for the background writer: step 5's trace may
+    # still be on its way to disk when the folder is listed.
+    tsp.flush()
     written = sorted(p.name for p in Path(folder).iterdir())
     shutil.rmtree(folder, ignore_errors=True)
     print(json.dumps({"scope_entry": scope_entry, "lookup": lookup, "times": times, "written": written, "inductor_before": inductor_before}))
