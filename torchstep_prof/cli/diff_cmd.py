@@ -50,7 +50,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return _tracedir.EXIT_OK
 
 
-def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):
     """The :class:`~torchstep_prof.traces.diff.DiffResult` the arguments ask for, or an exit code."""
     from ..traces.diff import diff_traces
 
@@ -70,7 +70,7 @@ def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):  # type:
     return diff_traces(traces[0], traces[1], base_label=sides[0][2], test_label=sides[1][2])
 
 
-def _print_tables(result, top: int) -> None:  # type: ignore[no-untyped-def]
+def _print_tables(result, top: int) -> None:
     from ..traces.summarize import format_ms
 
     def opt(value: float | None) -> str:

@@ -75,7 +75,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return _tracedir.EXIT_OK
 
 
-def _render_diagnosis(console, waits, memory) -> None:  # type: ignore[no-untyped-def]
+def _render_diagnosis(console, waits, memory) -> None:
     """The collective waits and the memory per region, one paragraph each, under the table."""
     from rich.text import Text
 

@@ -49,6 +49,7 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return _converter().unstructure(cfg)
 
 
+# ignore: mypy rejects any default for a TypeVar-typed parameter; ProfilerConfig is one of the C.
 def from_dict(data: Any, cls: type[C] = ProfilerConfig) -> C:  # type: ignore[assignment]
     """Build a config from plain data; raise ``ConfigError`` listing every problem.
 

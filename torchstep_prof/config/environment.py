@@ -290,7 +290,7 @@ def owns_environment(environ: dict[str, str] | None = None) -> bool:
     if env.get(ENV_CHILDREN, "").strip() == "1":
         owned = True
     elif mark.partition(":")[2] != digest:  # no mark, or a mark for other values: ours now
-        env[ENV_OWNER] = f"{os.getpid()}:{digest}"  # type: ignore[index]
+        env[ENV_OWNER] = f"{os.getpid()}:{digest}"
         owned = True
     else:
         owned = mark.partition(":")[0] == str(os.getpid())

@@ -219,7 +219,7 @@ def _read_json(path: PathLike, text: str) -> tuple[Any, list[Problem]]:
     return _plain(data, "", problems), problems
 
 
-class _JsonObject(dict):  # type: ignore[type-arg]
+class _JsonObject(dict):
     """A JSON object that remembers the keys it was given more than once (``json`` keeps the
     last silently); :func:`_plain` reports them under their key paths."""
 
@@ -260,7 +260,7 @@ def _read_toml(path: PathLike, text: str) -> Any:
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+        import tomli as tomllib  # type: ignore[no-redef]  # the same API under the stdlib's name
 
     try:
         return tomllib.loads(text), []  # TOML itself forbids a key given twice

@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import attrs
 
@@ -228,8 +228,8 @@ def _print(line: str) -> None:
         pass
 
 
-def _short(cmd: object, limit: int = 60) -> str:
+def _short(cmd: str | Sequence[str], limit: int = 60) -> str:
     import shlex
 
-    text = cmd if isinstance(cmd, str) else shlex.join(cmd)  # type: ignore[arg-type]
+    text = cmd if isinstance(cmd, str) else shlex.join(cmd)
     return text if len(text) <= limit else text[: limit - 3] + "..."

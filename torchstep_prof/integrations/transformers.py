@@ -124,13 +124,13 @@ class TorchstepProfCallback(TrainerCallback):
                 driver.exit_region("evaluate")
 
         before = trainer.__dict__.get("evaluate")
-        trainer.evaluate = evaluate_in_region  # type: ignore[method-assign]
+        trainer.evaluate = evaluate_in_region  # type: ignore[method-assign]  # this instance only
 
         def restore() -> None:
             if before is None:
                 trainer.__dict__.pop("evaluate", None)
             else:
-                trainer.evaluate = before  # type: ignore[method-assign]
+                trainer.evaluate = before  # type: ignore[method-assign]  # put back
 
         driver.on_close(restore)
 

@@ -19,11 +19,11 @@ if TYPE_CHECKING:  # rich costs ~70 ms to import: only when a summary is printed
 __all__ = ["print_summary", "render_summary"]
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return str(n)  # pragma: no cover
 
 
@@ -169,7 +169,7 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         label = header in _LABELS
         table.add_column(
             header,
-            justify=justify,  # type: ignore[arg-type]
+            justify=justify,  # type: ignore[arg-type]  # rich's Literal; ours are 'left'/'right'
             no_wrap=True,
             # A number keeps its whole width; a label was folded to its column's width above.
             min_width=None if label else natural,

@@ -137,7 +137,7 @@ def parse_request(data: Any) -> Request:
     ranks = data.get("ranks")
     all_ranks = data.get("all_ranks")
     return Request(
-        id=request_id,  # type: ignore[arg-type]
+        id=request_id,  # type: ignore[arg-type]  # a str: checked above (problems raise)
         steps=tuple(sorted(set(data["steps"]))),
         ranks=tuple(ranks) if ranks is not None else None,
         all_ranks=ranks is None if all_ranks is None else all_ranks,

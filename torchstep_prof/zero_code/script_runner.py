@@ -156,7 +156,7 @@ def _trim_tracebacks_at_exit() -> None:
             pass
         previous(exc_type, exc, tb)
 
-    excepthook._torchstep_prof_trims = True  # type: ignore[attr-defined]
+    excepthook._torchstep_prof_trims = True  # type: ignore[attr-defined]  # a marker on the function
     sys.excepthook = excepthook
 
 
