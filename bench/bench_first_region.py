@@ -116,6 +116,8 @@ def run(quick: bool = False) -> Report:
     import tempfile
 
     counts = {"scope": 2 if quick else 5, "env": 2 if quick else 3}
+    if _timing.SMOKE:  # one child of each mode: each pays a fresh interpreter and torch's start-up
+        counts = {"scope": 1, "env": 1}
     report = Report("bench_first_region")
     results: dict[str, list[dict]] = {mode: [] for mode in counts}
     for index in range(max(counts.values())):
