@@ -9,8 +9,12 @@ BASE := $(VENV)/.installed
 FULL := $(VENV)/.installed-extras
 # The framework versions the integration tests run against (the extras in setup.cfg are ranges).
 FRAMEWORKS := transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 ray==2.60.0 plotly==7.1.0 prometheus_client==0.26.0
+# The linters `make lint` runs (their settings: ruff.toml and setup.cfg's [mypy]). Pinned: a new
+# release adds rules, and CI would fail on code nobody changed.
+LINTERS := ruff==0.17.6 mypy==2.4.1
+LINT := $(VENV)/.installed-lint
 
-.PHONY: example report test bench browser prometheus clean
+.PHONY: example report test lint bench bench-smoke browser prometheus clean
 
 $(BASE): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -47,11 +51,29 @@ prometheus:
 	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
 	  || echo "prometheus is not installed: the Prometheus scrape test will be skipped"
 
-test: $(FULL) browser prometheus
+# After the extras: mypy then checks the integrations against the frameworks' own types, as
+# it does on any machine with them installed.
+$(LINT): $(FULL)
+	$(PIP) $(LINTERS)
+	touch $(LINT)
+
+lint: $(LINT)
+	$(BIN)/ruff check torchstep_prof
+	$(BIN)/ruff format --check torchstep_prof
+	$(BIN)/mypy
+
+# Every bench script, briefly: it checks they run to their tables, not their timings (a crash
+# or a timeout fails it). About 2 minutes on 2 cores; writes no bench/RESULTS.md. The extras:
+# bench_report and bench_scale run `torchstep-prof report` (plotly).
+bench-smoke: $(FULL)
+	$(BIN)/python bench/run_all.py --smoke
+
+# In this order: lint, the bench smoke, then the tests (the prerequisites run left to right).
+test: lint bench-smoke $(FULL) browser prometheus
 	$(BIN)/python -m pytest
 
 bench: $(BASE)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .hypothesis *.egg-info report.html
+	rm -rf $(VENV) outputs .pytest_cache .hypothesis .ruff_cache .mypy_cache *.egg-info report.html

@@ -29,6 +29,12 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 # The CPU torch wheel does not bring NumPy and says so once per process: noise in every table.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
+SMOKE = False
+"""Set by ``--smoke`` (the CI's bench smoke, ``make bench-smoke``): the run only has to reach its
+table, so a script whose ``--quick`` sizes still take long (bench_scale's 2,000 traces) reads this
+and shrinks them further; :func:`loop` and :func:`interleave` take fewer samples for every script.
+Its timings mean nothing."""
+
 # Variables that would change what regions do (the environment's config layer, the rank).
 ENGINE_VARIABLES = (
     "TORCHSTEP_PROF_CONFIG",
@@ -155,6 +161,8 @@ def loop(stmt: str, number: int, namespace: Dict[str, Any], setup: str = "pass")
     the garbage collector off while it runs.
     """
     timer = timeit.Timer(stmt, setup, globals=namespace)
+    if SMOKE:
+        number = max(1, number // 20)
 
     def sample() -> float:
         return timer.timeit(number) / number
@@ -168,6 +176,8 @@ def interleave(samplers: Mapping[str, Callable[[], float]], rounds: int, warmup:
 
     ``warmup`` rounds run first and are thrown away.
     """
+    if SMOKE:  # two rounds: every per-round ratio and min/max still has its samples
+        rounds, warmup = min(rounds, 2), min(warmup, 1)
     names = list(samplers)
     results: Dict[str, List[float]] = {name: [] for name in names}
     for index in range(warmup + rounds):
@@ -238,13 +248,17 @@ def print_report(report: Report, file: Any = None) -> None:
 
 def main(run: Callable[..., Report], argv: Optional[Sequence[str]] = None) -> Report:
     """The command line of every bench script: print the table; ``--json-out FILE`` also writes
-    the results as data (what ``run_all.py`` collects); ``--quick`` takes fewer samples."""
+    the results as data (what ``run_all.py`` collects); ``--quick`` takes fewer samples; ``--smoke``
+    is ``--quick`` with the smallest sizes (see :data:`SMOKE`)."""
+    global SMOKE
     parser = argparse.ArgumentParser(description=(run.__module__ or "").split(".")[-1])
     parser.add_argument("--json-out", help="also write the results as JSON to this file")
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    parser.add_argument("--smoke", action="store_true", help="--quick with the smallest sizes: it runs, timings mean nothing")
     args = parser.parse_args(argv)
+    SMOKE = args.smoke
     t0 = time.perf_counter()
-    report = run(quick=args.quick)
+    report = run(quick=args.quick or args.smoke)
     report.wall_s = time.perf_counter() - t0
     print_report(report)
     if args.json_out:

@@ -108,7 +108,7 @@ def _slowest_modules(stderr: str, count: int = 6) -> tuple[float, list[tuple[str
 
 
 def run(quick: bool = False) -> Report:
-    count = 3 if quick else 7
+    count = 1 if _timing.SMOKE else 3 if quick else 7
     report = Report("bench_import")
     _child(_WITH_PACKAGE)  # fill the OS file cache (and any missing .pyc) before timing
     with_pkg_wall, torch_wall, package_s, torch_in_child, bare_s, all_s = [], [], [], [], [], []

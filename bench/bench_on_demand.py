@@ -33,15 +33,16 @@ def run(quick: bool = False) -> Report:
     report = Report("bench_on_demand")
     mlp_step = _timing.make_mlp_step(width=384, batch=96, layers=3)
     numbers = itertools.count(1)
+    per_sample = 30 if _timing.SMOKE else STEPS_PER_SAMPLE
 
     def steps() -> float:
         import time
 
         t0 = time.perf_counter()
-        for _ in range(STEPS_PER_SAMPLE):
+        for _ in range(per_sample):
             with tsp.step(next(numbers)):
                 mlp_step()
-        return (time.perf_counter() - t0) / STEPS_PER_SAMPLE
+        return (time.perf_counter() - t0) / per_sample
 
     with tempfile.TemporaryDirectory(prefix="tsp-bench-od-") as scratch:
 

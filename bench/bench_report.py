@@ -57,14 +57,14 @@ def make_template(folder: str) -> dict:
     return json.loads(path.read_text())
 
 
-def make_folder(folder: str, template: dict) -> int:
-    """2000 clones of ``template``, as an 8-rank run would leave them."""
+def make_folder(folder: str, template: dict, step_count: int = STEPS) -> int:
+    """2000 clones of ``template`` (40 per step), as an 8-rank run would leave them."""
     from torchstep_prof.traces.names import TraceName, build_trace_name
 
     steps = [e for e in template["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
     base_ns = int(template["baseTimeNanoseconds"])
     count = 0
-    for step in range(1, STEPS + 1):
+    for step in range(1, step_count + 1):
         for index, (role, stage) in enumerate(REGIONS):
             for rank in range(RANKS):
                 trace = copy.copy(template)
@@ -108,7 +108,9 @@ def run(quick: bool = False) -> Report:
     try:
         folder = os.path.join(scratch, "profile")
         os.makedirs(folder)
-        count = make_folder(folder, make_template(os.path.join(scratch, "template")))
+        # --smoke: 200 files (5 steps), enough to run every command to its table.
+        steps = 5 if _timing.SMOKE else STEPS
+        count = make_folder(folder, make_template(os.path.join(scratch, "template")), steps)
         largest = max(Path(folder).iterdir(), key=lambda p: p.stat().st_size)
         alone = os.path.join(scratch, "alone")
         os.makedirs(alone)

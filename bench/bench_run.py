@@ -65,7 +65,7 @@ def _one(command: list[str]) -> dict:
 
 def run(quick: bool = False) -> Report:
     report = Report("bench_run")
-    rounds, steps = (2, 100) if quick else (6, 300)
+    rounds, steps = (1, 20) if _timing.SMOKE else (2, 100) if quick else (6, 300)
     script = [str(Path(__file__).resolve()), "--child", str(steps)]
     plain_cmd = [sys.executable, *script]
     run_cmd = [sys.executable, "-m", "torchstep_prof", "run", "--steps", "100000", "--", *script]

@@ -1,7 +1,7 @@
 """``summarize`` and ``report`` of 20,000 traces: several processes, and the per-file cache.
 
 The folder: one real trace recorded by the engine (a ``trainer/forward`` region of three small MLP
-training steps, ~110 KB; real regions are often MBs), cloned into 20,000 files (2,000 with ``--quick``) as a run of 8 ranks x 5 regions would
+training steps, ~110 KB; real regions are often MBs), cloned into 20,000 files (2,000 with ``--quick``, 100 with ``--smoke``) as a run of 8 ranks x 5 regions would
 leave them (metadata, names and clocks rewritten). Each command runs in a fresh interpreter, as a
 person runs it, with a cache folder of its own (``TORCHSTEP_PROF_CACHE_DIR``).
 
@@ -107,7 +107,7 @@ def run(quick: bool = False) -> Report:
     from torchstep_prof.traces.parallel import default_jobs
 
     _timing.clean_environment()
-    files = 2000 if quick else 20000
+    files = 100 if _timing.SMOKE else 2000 if quick else 20000  # --smoke: it runs, that is all
     jobs = default_jobs()
     report = Report("bench_scale")
     scratch = tempfile.mkdtemp(prefix="tsp-bench-scale-")

@@ -100,8 +100,9 @@ def run(quick: bool = False) -> Report:
                 samples = interleave({"torch": torch_stop(n), "tsp": ours(n, sizes)}, rounds, warmup=1)
                 report.add(stat(f"{mb} MB: torch stop()", samples["torch"], note=f"{n} ops, reference"))
                 report.add(stat(f"{mb} MB: tsp trace end", samples["tsp"], note="region exit"))
-                written = sizes[-rounds:]
-                if len(written) < rounds or min(written) < mb * 1e6 / 4:
+                taken = len(samples["tsp"])  # the rounds interleave took (fewer under --smoke)
+                written = sizes[-taken:]
+                if len(written) < taken or min(written) < mb * 1e6 / 4:
                     # An empty or missing trace means our samples ran unprofiled (the region took
                     # something for another profiler): their times measure nothing.
                     raise SystemExit(

@@ -4,9 +4,14 @@
                                        # bench_scale's 20,000 traces)
     python bench/run_all.py --quick    # fewer rounds, a smoke run
     python bench/run_all.py --only bench_export --only bench_import
+    python bench/run_all.py --smoke    # CI (`make bench-smoke`): every bench_*.py runs to its table
 
 Prints each script's table as it finishes, then one table of every target. Exits 0 even when a
 target fails or a script errors: it reports, it does not gate.
+
+``--smoke`` is the exception, a check rather than a report: it runs every ``bench_*.py`` in this
+folder (not only the list below) with the smallest sizes, writes no RESULTS.md (its timings mean
+nothing, and a target may fail), and exits 1 when a script crashes, times out or prints no table.
 """
 
 from __future__ import annotations
@@ -43,21 +48,30 @@ SCRIPTS = (
 )
 TIMEOUT_S = 150  # per script
 TIMEOUTS_S = {"bench_scale": 600}  # 20,000 traces read twice: minutes on 2 cores
+SMOKE_TIMEOUT_S = 240  # per script under --smoke: each takes seconds to ~1 min on 2 busy cores (a hang fails)
 
 
-def run_script(name: str, quick: bool) -> tuple[Report | None, str, float]:
+def smoke_scripts() -> tuple[str, ...]:
+    """Every bench script of the folder, in the full run's order, then any it does not list."""
+    found = sorted(path.stem for path in BENCH.glob("bench_*.py"))
+    return tuple(name for name in SCRIPTS if name in found) + tuple(name for name in found if name not in SCRIPTS)
+
+
+def run_script(name: str, quick: bool, smoke: bool = False) -> tuple[Report | None, str, float]:
     """(the script's results or None, its printed output, seconds it took)."""
+    flags = ["--smoke"] if smoke else ["--quick"] if quick else []
+    timeout = SMOKE_TIMEOUT_S if smoke else TIMEOUTS_S.get(name, TIMEOUT_S)
     env = {k: v for k, v in os.environ.items() if k not in _timing.ENGINE_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     with tempfile.TemporaryDirectory(prefix="tsp-bench-") as scratch:
         out = Path(scratch) / f"{name}.json"
-        command = [sys.executable, str(BENCH / f"{name}.py"), "--json-out", str(out)] + (["--quick"] if quick else [])
+        command = [sys.executable, str(BENCH / f"{name}.py"), "--json-out", str(out)] + flags
         t0 = time.perf_counter()
         try:
-            done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=TIMEOUTS_S.get(name, TIMEOUT_S))
+            done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             text = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            return None, text + f"\n{name}: timed out after {TIMEOUTS_S.get(name, TIMEOUT_S)} s", time.perf_counter() - t0
+            return None, text + f"\n{name}: timed out after {timeout} s", time.perf_counter() - t0
         elapsed = time.perf_counter() - t0
         output = done.stdout
         if done.returncode != 0 or not out.exists():
@@ -116,9 +130,12 @@ def write_results(reports: list[tuple[str, Report | None, str, float]], path: Pa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    parser.add_argument("--smoke", action="store_true", help="check every bench_*.py runs to its table (CI); exits 1 if one fails")
     parser.add_argument("--only", action="append", choices=SCRIPTS, help="run only this script (repeatable)")
     parser.add_argument("--results", default=str(BENCH / "RESULTS.md"), help="where to write the markdown (default bench/RESULTS.md)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        return smoke(args.only or smoke_scripts())
     t0 = time.perf_counter()
     reports = []
     for name in args.only or SCRIPTS:
@@ -144,6 +161,25 @@ def main(argv: list[str] | None = None) -> int:
     write_results(reports, Path(args.results), args.quick)
     print(f"wrote {args.results}")
     return 0  # a report, not a gate
+
+
+def smoke(names: tuple[str, ...] | list[str]) -> int:
+    """Run each script with ``--smoke``; 1 when one crashed, timed out or printed no table."""
+    t0 = time.perf_counter()
+    failed = []
+    for name in names:
+        report, output, elapsed = run_script(name, quick=True, smoke=True)
+        # The table's first line is "== <bench> (<s> s)" (_timing.print_report).
+        if report is None or f"== {report.bench} (" not in output:
+            failed.append(name)
+            print(output.rstrip(), flush=True)
+        print(f"bench smoke: {name} {'FAILED' if name in failed else 'ran'} ({elapsed:.0f} s)", flush=True)
+    total = time.perf_counter() - t0
+    if failed:
+        print(f"bench smoke: {len(failed)} of {len(names)} script(s) failed: {', '.join(failed)} ({total:.0f} s)")
+        return 1
+    print(f"bench smoke: all {len(names)} scripts ran to their tables ({total:.0f} s; timings not checked)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -21,8 +21,7 @@ def around_each_call(
     """
     if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
         raise TypeError(
-            f"{what} cannot wrap the generator {fn.__qualname__}: its body runs after the call "
-            f"returns. {instead}"
+            f"{what} cannot wrap the generator {fn.__qualname__}: its body runs after the call returns. {instead}"
         )
     if inspect.iscoroutinefunction(fn):
 

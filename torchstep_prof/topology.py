@@ -134,8 +134,9 @@ def _checked_pair(
     index_value = _integer(environ, index_name, index_default, 0, problems)
     size_value = _integer(environ, size_name, size_default, 1, problems)
     if len(problems) == found and index_value >= size_value:
-        problems.append(f"{_shown(environ, index_name, index_value)} is not below "
-                        f"{_shown(environ, size_name, size_value)}")
+        problems.append(
+            f"{_shown(environ, index_name, index_value)} is not below {_shown(environ, size_name, size_value)}"
+        )
     if len(problems) == found and at_most is not None and size_value > at_most:
         problems.append(f"{_shown(environ, size_name, size_value)} is more than the world size {at_most}")
     return (index_value, size_value) if len(problems) == found else (None, None)

@@ -14,7 +14,13 @@ from typing import Sequence
 
 # Imported lazily by name so `torchstep-prof ls` does not pay for rich or the merge code.
 _SUBCOMMAND_MODULES = (
-    "config_cmd", "summarize_cmd", "merge_cmd", "ls_cmd", "hta_cmd", "report_cmd", "run_cmd",
+    "config_cmd",
+    "summarize_cmd",
+    "merge_cmd",
+    "ls_cmd",
+    "hta_cmd",
+    "report_cmd",
+    "run_cmd",
     "trigger_cmd",
     "diff_cmd",
 )

@@ -33,9 +33,7 @@ PROGRESS_MIN_FILES = 50
 
 def add_folder_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", metavar="DIR", help="folder of trace files (save_path)")
-    parser.add_argument(
-        "-r", "--recursive", action="store_true", help="also read the traces in DIR's subfolders"
-    )
+    parser.add_argument("-r", "--recursive", action="store_true", help="also read the traces in DIR's subfolders")
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,9 +77,7 @@ def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
 
 def filters_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> TraceFilter:
     try:
-        return TraceFilter(
-            roles=args.role, stages=args.stage, steps=args.step, ranks=args.rank, pids=args.pid
-        )
+        return TraceFilter(roles=args.role, stages=args.stage, steps=args.step, ranks=args.rank, pids=args.pid)
     except ValueError as exc:
         parser.error(str(exc))
         raise  # parser.error exits; this keeps type checkers informed
@@ -109,9 +105,7 @@ def scan_folder(
 
     cache = None if args.no_cache else SummaryCache.for_folder(args.directory, recursive=args.recursive)
     with _progress(len(paths)) as progress:
-        scanned = scan_paths(
-            paths, filters, top=top, jobs=jobs or default_jobs(), cache=cache, progress=progress
-        )
+        scanned = scan_paths(paths, filters, top=top, jobs=jobs or default_jobs(), cache=cache, progress=progress)
     if cache is not None and cache.problem:
         print(f"note: {cache.problem}", file=sys.stderr)
     return scanned
@@ -147,9 +141,7 @@ def newest_runs(infos: Sequence[TraceInfo]) -> tuple[list[TraceInfo], tuple[Othe
     return list(choice.traces), choice.other_runs
 
 
-def usable_traces(
-    args: argparse.Namespace, filters: TraceFilter, *, one_run: bool = True
-) -> list[TraceInfo] | int:
+def usable_traces(args: argparse.Namespace, filters: TraceFilter, *, one_run: bool = True) -> list[TraceInfo] | int:
     """The traces of ``args.directory`` that pass ``filters`` (the newest run of each rank
     unless ``one_run`` is False), skipped files reported; the exit code instead when the folder
     cannot be read or nothing usable is in it."""
@@ -186,9 +178,7 @@ def nothing_found(args: argparse.Namespace, filters: TraceFilter, unreadable: Se
     return EXIT_NO_TRACE
 
 
-def _pids_by_name(
-    args: argparse.Namespace, filters: TraceFilter, skipped: set[str]
-) -> list[int]:
+def _pids_by_name(args: argparse.Namespace, filters: TraceFilter, skipped: set[str]) -> list[int]:
     """The pids in the names of the folder's traces that pass ``filters``, the ``skipped``
     files aside (no file is opened: this only words an error)."""
     pids: set[int] = set()
@@ -206,7 +196,6 @@ def _pids_by_name(
         if filters.matches(name):
             pids.add(name.pid)
     return sorted(pids)
-
 
 
 def output_console() -> Console:

@@ -1,8 +1,8 @@
 """``torchstep-prof config``: print the effective configuration, or check a config file.
 
-    torchstep-prof config                 # the default, with the environment's layer applied
-    torchstep-prof config --file x.yaml   # that file's config, defaults filled in
-    torchstep-prof config --check x.toml  # every problem, exit 1; or "OK: x.toml", exit 0
+torchstep-prof config                 # the default, with the environment's layer applied
+torchstep-prof config --file x.yaml   # that file's config, defaults filled in
+torchstep-prof config --check x.toml  # every problem, exit 1; or "OK: x.toml", exit 0
 """
 
 from __future__ import annotations

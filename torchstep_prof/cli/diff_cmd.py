@@ -25,9 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("directory", metavar="BASE", help="the folder of the base traces")
     parser.add_argument("test", metavar="TEST", nargs="?", help="the folder of the traces to compare")
-    parser.add_argument(
-        "-r", "--recursive", action="store_true", help="also read the traces in subfolders"
-    )
+    parser.add_argument("-r", "--recursive", action="store_true", help="also read the traces in subfolders")
     _tracedir.add_filter_arguments(parser)
     parser.add_argument(
         "--top", type=_tracedir.int_at_least(1), default=20, metavar="N",
@@ -52,7 +50,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return _tracedir.EXIT_OK
 
 
-def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):
     """The :class:`~torchstep_prof.traces.diff.DiffResult` the arguments ask for, or an exit code."""
     from ..traces.diff import diff_traces
 
@@ -72,7 +70,7 @@ def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):  # type:
     return diff_traces(traces[0], traces[1], base_label=sides[0][2], test_label=sides[1][2])
 
 
-def _print_tables(result, top: int) -> None:  # type: ignore[no-untyped-def]
+def _print_tables(result, top: int) -> None:
     from ..traces.summarize import format_ms
 
     def opt(value: float | None) -> str:
@@ -83,8 +81,7 @@ def _print_tables(result, top: int) -> None:  # type: ignore[no-untyped-def]
     _columns(
         ["region", "base ms", "test ms", "delta ms", "traces"],
         [
-            [r.region, opt(r.base_ms), opt(r.test_ms), f"{r.delta_ms:+.1f}",
-             f"{r.base_traces}/{r.test_traces}"]
+            [r.region, opt(r.base_ms), opt(r.test_ms), f"{r.delta_ms:+.1f}", f"{r.base_traces}/{r.test_traces}"]
             for r in result.regions
         ],  # fmt: skip
     )
@@ -93,9 +90,15 @@ def _print_tables(result, top: int) -> None:  # type: ignore[no-untyped-def]
     _columns(
         ["region", "operator", "base ms", "test ms", "delta ms", "calls", ""],
         [
-            [o.region, o.name, format_ms(o.base_ms), format_ms(o.test_ms), f"{o.delta_ms:+.2f}",
-             f"{_count(o.base_count)} -> {_count(o.test_count)}",
-             "" if o.status == "changed" else o.status]
+            [
+                o.region,
+                o.name,
+                format_ms(o.base_ms),
+                format_ms(o.test_ms),
+                f"{o.delta_ms:+.2f}",
+                f"{_count(o.base_count)} -> {_count(o.test_count)}",
+                "" if o.status == "changed" else o.status,
+            ]
             for o in shown
         ],  # fmt: skip
         labels=2,

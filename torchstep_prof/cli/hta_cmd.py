@@ -66,9 +66,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.occurrence < 1:
         parser.error(f"--occurrence must be >= 1 (got {args.occurrence})")
     try:
-        filters = TraceFilter(
-            roles=[args.role], stages=[args.stage], steps=[args.step], pids=args.pid
-        )
+        filters = TraceFilter(roles=[args.role], stages=[args.stage], steps=[args.step], pids=args.pid)
     except ValueError as exc:
         parser.error(str(exc))
     infos = _tracedir.usable_traces(args, filters)
@@ -102,8 +100,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if len(candidates) > 1:
             ignored = ", ".join(c.path for c in candidates[1:])
             print(
-                f"rank {rank}: {len(candidates)} traces; keeping the newest, "
-                f"{candidates[0].path} (ignoring {ignored})"
+                f"rank {rank}: {len(candidates)} traces; keeping the newest, {candidates[0].path} (ignoring {ignored})"
             )
 
     out = args.output

@@ -13,10 +13,7 @@ from typing import Sequence
 
 from . import _tracedir
 
-HELP = (
-    "one line per trace in DIR: role, stage, step, occurrence, rank, world size, pid, "
-    "wall time, size, path"
-)
+HELP = "one line per trace in DIR: role, stage, step, occurrence, rank, world size, pid, wall time, size, path"
 
 _COLUMNS = ("role", "stage", "step", "occ", "rank", "world", "pid", "wall_ms", "size", "path")
 
@@ -25,9 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ls", help=HELP, description=HELP + ".")
     _tracedir.add_folder_argument(parser)
     _tracedir.add_filter_arguments(parser)
-    parser.add_argument(
-        "--json", action="store_true", help="one JSON object per line instead of columns"
-    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per line instead of columns")
     parser.set_defaults(func=lambda args: run(parser, args))
 
 
@@ -80,13 +75,12 @@ def _print_columns(rows: Sequence[dict]) -> None:
     right = {2, 3, 4, 5, 6, 7, 8}  # numbers
     for line in cells:
         padded = [
-            cell.rjust(width) if i in right else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(line, widths))
+            cell.rjust(width) if i in right else cell.ljust(width) for i, (cell, width) in enumerate(zip(line, widths))
         ]
         sys.stdout.write("  ".join(padded + [line[-1]]) + "\n")
 
 
-def _size_text(size: int) -> str:
+def _size_text(size: float) -> str:
     for unit in ("B", "KiB", "MiB"):
         if size < 1024 or unit == "MiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"

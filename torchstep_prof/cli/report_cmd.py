@@ -11,10 +11,7 @@ import os
 
 from . import _tracedir
 
-HELP = (
-    "one HTML page of charts of the traces in DIR: stragglers, collective waits, memory, "
-    "timelines, top operators"
-)
+HELP = "one HTML page of charts of the traces in DIR: stragglers, collective waits, memory, timelines, top operators"
 DEFAULT_OUTPUT = "report.html"
 
 

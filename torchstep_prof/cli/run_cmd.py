@@ -43,32 +43,64 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--steps", metavar="LIST", type=_int_list("--steps"), help="steps to profile: 3,5 or 2-4")
     for name in ("skip-first", "wait", "warmup", "active", "repeat"):
         which.add_argument(f"--{name}", metavar="N", type=_int("--" + name), help=f"schedule.{name.replace('-', '_')}")
-    which.add_argument("--on-demand", metavar="DIR",
-                       help="also serve `torchstep-prof trigger DIR` requests (no --steps needed)")
-    which.add_argument("--step-every", metavar="K", type=_int("--step-every"), default=1,
-                       help="K optimizer steps make one step (gradient accumulation, several optimizers)")
-    which.add_argument("--step-on", metavar="WHAT", default="optimizer",
-                       help="what ends a step: optimizer (each Optimizer.step, the default), backward (each "
-                            "top-level autograd backward) or MODULE:QUALNAME (each return of that function)")
+    which.add_argument(
+        "--on-demand", metavar="DIR", help="also serve `torchstep-prof trigger DIR` requests (no --steps needed)"
+    )
+    which.add_argument(
+        "--step-every",
+        metavar="K",
+        type=_int("--step-every"),
+        default=1,
+        help="K optimizer steps make one step (gradient accumulation, several optimizers)",
+    )
+    which.add_argument(
+        "--step-on",
+        metavar="WHAT",
+        default="optimizer",
+        help="what ends a step: optimizer (each Optimizer.step, the default), backward (each "
+        "top-level autograd backward) or MODULE:QUALNAME (each return of that function)",
+    )
     where = parser.add_argument_group("where and what")
-    where.add_argument("--ranks", metavar="LIST", type=_int_list("--ranks"), help="global ranks that profile (default 0)")
+    where.add_argument(
+        "--ranks", metavar="LIST", type=_int_list("--ranks"), help="global ranks that profile (default 0)"
+    )
     where.add_argument("--all-ranks", action="store_true", help="every rank profiles")
     where.add_argument("--contents", metavar="LIST", help="cpu,cuda,memory,shapes,stack,flops,modules")
-    where.add_argument("--region", metavar="CLASS[=ROLE[/STAGE]]", action="append", default=[],
-                       help="forwards of nn.Modules of this class are regions (repeatable)")
+    where.add_argument(
+        "--region",
+        metavar="CLASS[=ROLE[/STAGE]]",
+        action="append",
+        default=[],
+        help="forwards of nn.Modules of this class are regions (repeatable)",
+    )
     where.add_argument("--discrete", action="store_true", help="one trace per region instead of one per step")
     out = parser.add_argument_group("output")
     out.add_argument("--save-path", metavar="DIR", help="where traces go (default outputs/profile)")
     out.add_argument("--gzip", action="store_true", help="write .json.gz")
     out.add_argument("--on-finish", metavar="CMD", help="run CMD (through /bin/sh) once profiling is finished")
-    out.add_argument("--metrics-port", metavar="PORT", type=_int("--metrics-port"),
-                     help="serve region and step metrics for Prometheus on PORT + LOCAL_RANK (metrics.port)")
+    out.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        type=_int("--metrics-port"),
+        help="serve region and step metrics for Prometheus on PORT + LOCAL_RANK (metrics.port)",
+    )
     conf = parser.add_argument_group("configuration")
     conf.add_argument("--config", metavar="FILE", help="a config file (.yaml, .json, .toml) to start from")
-    conf.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
-                      help="override one field, as in TORCHSTEP_PROF_OVERRIDES (repeatable)")
-    parser.add_argument("-m", dest="module", metavar="MODULE", nargs=argparse.REMAINDER,
-                        help="run a module, as python -m does; what follows is its arguments")
+    conf.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        dest="overrides",
+        help="override one field, as in TORCHSTEP_PROF_OVERRIDES (repeatable)",
+    )
+    parser.add_argument(
+        "-m",
+        dest="module",
+        metavar="MODULE",
+        nargs=argparse.REMAINDER,
+        help="run a module, as python -m does; what follows is its arguments",
+    )
     parser.add_argument("target", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(func=run, run_parser=parser)
 
@@ -198,11 +230,15 @@ def run(args: argparse.Namespace) -> int:
     if effective.enable and effective.schedule is None and effective.on_demand is None:
         if environment.config is not None:
             # The environment's file replaces the whole configuration, this command line's too.
-            parser.error(f"no step is selected: {ENV_CONFIG}={environment.config_path} replaces this "
-                         "command line's configuration (--steps and --config included) and has no "
-                         f"schedule: add one to it, set {ENV_OVERRIDES}='schedule.steps=[...]', or unset {ENV_CONFIG}")
-        parser.error("no step is selected: pass --steps LIST (or --wait/--warmup/--active/--repeat), "
-                     "a --config file with a schedule, --set schedule.steps=[...], or --on-demand DIR")
+            parser.error(
+                f"no step is selected: {ENV_CONFIG}={environment.config_path} replaces this "
+                "command line's configuration (--steps and --config included) and has no "
+                f"schedule: add one to it, set {ENV_OVERRIDES}='schedule.steps=[...]', or unset {ENV_CONFIG}"
+            )
+        parser.error(
+            "no step is selected: pass --steps LIST (or --wait/--warmup/--active/--repeat), "
+            "a --config file with a schedule, --set schedule.steps=[...], or --on-demand DIR"
+        )
     if effective.enable and effective.discrete and not regions:
         parser.error("--discrete writes one trace per region: name at least one --region CLASS")
     try:

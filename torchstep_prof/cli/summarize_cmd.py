@@ -11,8 +11,7 @@ import sys
 from . import _tracedir
 
 HELP = (
-    "table of the traces in DIR by role/stage/step: wall time per rank, stragglers, top ops, "
-    "collective waits, memory"
+    "table of the traces in DIR by role/stage/step: wall time per rank, stragglers, top ops, collective waits, memory"
 )
 
 
@@ -54,9 +53,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return scanned
     infos, unreadable = scanned
     infos, other_runs = _tracedir.newest_runs(infos)
-    deep = summarize(
-        infos, unreadable, straggler_ratio=args.straggler_ratio, top=depth, other_runs=other_runs
-    )
+    deep = summarize(infos, unreadable, straggler_ratio=args.straggler_ratio, top=depth, other_runs=other_runs)
     summary = trim_summary(deep, args.top)
     waits, memory = find_waits(deep), find_memory(deep)
     if args.json:
@@ -78,7 +75,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return _tracedir.EXIT_OK
 
 
-def _render_diagnosis(console, waits, memory) -> None:  # type: ignore[no-untyped-def]
+def _render_diagnosis(console, waits, memory) -> None:
     """The collective waits and the memory per region, one paragraph each, under the table."""
     from rich.text import Text
 

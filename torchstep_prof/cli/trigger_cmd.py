@@ -43,14 +43,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("dir", metavar="DIR", help="the job's on_demand.dir")
     parser.add_argument("--status", action="store_true", help="show each rank's step and the requests it served")
     parser.add_argument("--next", metavar="N", type=_int("--next"), default=1, help="how many steps (default 1)")
-    parser.add_argument("--align", metavar="K", type=_int("--align"), default=1,
-                        help="the first step is a multiple of K (default 1)")
+    parser.add_argument(
+        "--align", metavar="K", type=_int("--align"), default=1, help="the first step is a multiple of K (default 1)"
+    )
     parser.add_argument("--at", metavar="STEP", type=_int("--at"), help="the first step, instead of the rule")
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--ranks", metavar="LIST", type=_int_list("--ranks"), help="global ranks that profile")
     who.add_argument("--all-ranks", action="store_true", help="every rank profiles (the default)")
-    parser.add_argument("--contents", metavar="LIST", help="cpu,cuda,memory,shapes,stack,flops,modules "
-                                                          "(default: the job's)")
+    parser.add_argument(
+        "--contents", metavar="LIST", help="cpu,cuda,memory,shapes,stack,flops,modules (default: the job's)"
+    )
     parser.add_argument("--discrete", action="store_true", help="one trace per region instead of one per step")
     parser.set_defaults(func=trigger, trigger_parser=parser)
 
@@ -83,18 +85,27 @@ def trigger(args: argparse.Namespace) -> int:
     running = [s for s in statuses if s.running and not _stale(s, now)]
     for s in statuses:
         if s.running and _stale(s, now):
-            print(f"torchstep-prof trigger: ignored {s.path}: not written for {now - s.time:.0f} s "
-                  "(a rank that died, or a job that ended without saying so)", file=sys.stderr)
+            print(
+                f"torchstep-prof trigger: ignored {s.path}: not written for {now - s.time:.0f} s "
+                "(a rank that died, or a job that ended without saying so)",
+                file=sys.stderr,
+            )
     if not running and args.at is None:
         what = "no running rank polls it" if statuses else "no rank polls it (no status-rank*.json)"
-        print(f"torchstep-prof trigger: {folder}: {what}; start the job with on_demand.dir={folder} "
-              "(or pass --at STEP to write a request anyway)", file=sys.stderr)
+        print(
+            f"torchstep-prof trigger: {folder}: {what}; start the job with on_demand.dir={folder} "
+            "(or pass --at STEP to write a request anyway)",
+            file=sys.stderr,
+        )
         return 1
     if args.at is None:
         running = _with_rates(folder, running)
         if not any(s.rate is not None for s in running):
-            print(f"torchstep-prof trigger: {folder}: no rank has reported its step rate yet (it takes two "
-                  "polls after its first step); try again, or pass --at STEP", file=sys.stderr)
+            print(
+                f"torchstep-prof trigger: {folder}: no rank has reported its step rate yet (it takes two "
+                "polls after its first step); try again, or pass --at STEP",
+                file=sys.stderr,
+            )
             return 1
     return _write(args, folder, running, contents)
 
@@ -141,8 +152,10 @@ def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: 
     who = "every rank" if args.ranks is None else "rank(s) " + ",".join(map(str, args.ranks))
     print(f"request {request.id}: step(s) {shown} on {who}; written to {path}")
     if "highest_reachable_step" in rule:
-        print(f"  (highest step a rank can reach before it reads it: {rule['highest_reachable_step']}; "
-              f"fastest rank {rule['fastest_steps_per_s']:g} steps/s)")
+        print(
+            f"  (highest step a rank can reach before it reads it: {rule['highest_reachable_step']}; "
+            f"fastest rank {rule['fastest_steps_per_s']:g} steps/s)"
+        )
     return 0
 
 
@@ -157,8 +170,11 @@ def _note_unread(folder: str, running: list[Any]) -> None:
         return
     unread = [str(s.rank) for s in running if previous.id not in s.served_ids()]
     if unread:
-        print(f"torchstep-prof trigger: replacing request {previous.id}, which rank(s) {','.join(unread)} "
-              "had not read yet (they will not serve it)", file=sys.stderr)
+        print(
+            f"torchstep-prof trigger: replacing request {previous.id}, which rank(s) {','.join(unread)} "
+            "had not read yet (they will not serve it)",
+            file=sys.stderr,
+        )
 
 
 def _stale(status: Any, now: float) -> bool:
@@ -182,8 +198,9 @@ def _show_status(folder: str, statuses: list[Any]) -> None:
         rank = f"{s.rank}" + (f" {s.role}" if s.role else "")
         step = "-" if s.step is None else str(s.step)
         rate = "-" if s.rate is None else f"{s.rate:.1f}"
-        served = "; ".join(f"{e.get('id')} {_steps(e.get('steps'))}: {e.get('outcome')}"
-                           for e in s.served[-5:]) or "none"
+        served = (
+            "; ".join(f"{e.get('id')} {_steps(e.get('steps'))}: {e.get('outcome')}" for e in s.served[-5:]) or "none"
+        )
         more = f" (+{len(s.served) - 5} earlier)" if len(s.served) > 5 else ""
         state = ("stale" if _stale(s, now) else "running") if s.running else "stopped"
         print(f"{rank:<6}{step:>8}{max(0.0, now - s.time):>8.1f}{rate:>9}  {state:<8}{served}{more}")
@@ -194,8 +211,9 @@ def _show_status(folder: str, statuses: list[Any]) -> None:
         except (ConfigError, OSError) as exc:
             print(f"request file {path}: malformed ({exc})")
         else:
-            waiting = [str(s.rank) for s in statuses
-                       if s.running and not _stale(s, now) and request.id not in s.served_ids()]
+            waiting = [
+                str(s.rank) for s in statuses if s.running and not _stale(s, now) and request.id not in s.served_ids()
+            ]
             tail = f"; not read yet by rank(s) {','.join(waiting)}" if waiting else ""
             print(f"latest request: {request.id} {_steps(list(request.steps))}{tail}")
 

@@ -40,7 +40,8 @@ def evolve_checked(
         problems += exc.problems
     if problems:
         order = list(fields)
-        raise ConfigError(sorted(problems, key=lambda p: _position(p, order)))
+        ordered = sorted(problems, key=lambda p: _position(p, order))  # apart: a list of Problem
+        raise ConfigError(ordered)
     return result
 
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["from_dict", "schema", "suggest", "to_dict"]
 
-C = TypeVar("C")
+C = TypeVar("C", bound=attrs.AttrsInstance)  # the config classes: attrs classes
 
 _CONFIG_CLASSES = (ProfilerConfig, ScheduleConfig, FinishHookConfig, OnDemandConfig, MetricsConfig)
 
@@ -49,6 +49,7 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return _converter().unstructure(cfg)
 
 
+# ignore: mypy rejects any default for a TypeVar-typed parameter; ProfilerConfig is one of the C.
 def from_dict(data: Any, cls: type[C] = ProfilerConfig) -> C:  # type: ignore[assignment]
     """Build a config from plain data; raise ``ConfigError`` listing every problem.
 
@@ -116,16 +117,23 @@ def _converter() -> cattrs.Converter:
 def _structure_config(data: Any, cls: type[C]) -> C:
     """The structure hook of every config class; raises one ``ConfigError`` with all problems."""
     if not isinstance(data, Mapping):
-        raise ConfigError([Problem("", f"the configuration must be a mapping of keys to values "
-                                       f"(got {data!r}; allowed keys: {', '.join(schema(cls))})")])
+        raise ConfigError(
+            [
+                Problem(
+                    "",
+                    f"the configuration must be a mapping of keys to values "
+                    f"(got {data!r}; allowed keys: {', '.join(schema(cls))})",
+                )
+            ]
+        )
     fields = schema(cls)
     problems: list[Problem] = []
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in fields:
             problems.append(Problem(str(key), f"unknown key ({suggest(str(key), fields)})"))
-        elif fields[key] is not None and value is not None:
-            kwargs[key] = _structure_section(key, value, fields[key], problems)
+        elif (section := fields[key]) is not None and value is not None:
+            kwargs[key] = _structure_section(key, value, section, problems)
         elif _non_finite(str(key), value, problems):
             continue  # 1e400 read as inf, or .nan: reported as itself, not as a wrong type
         else:
@@ -160,8 +168,9 @@ def _non_finite(key: str, value: Any, problems: list[Problem]) -> bool:
 def _structure_section(key: str, value: Any, section: type, problems: list[Problem]) -> Any:
     """A nested section, its problems added under ``key``; ``None`` stands in when it failed."""
     if not isinstance(value, Mapping):
-        problems.append(Problem(key, f"must be a mapping or null (got {value!r}; "
-                                     f"allowed keys: {', '.join(schema(section))})"))
+        problems.append(
+            Problem(key, f"must be a mapping or null (got {value!r}; allowed keys: {', '.join(schema(section))})")
+        )
         return None
     try:
         return _structure_config(value, section)

@@ -103,9 +103,7 @@ def _tunes_hook(override: Override) -> bool:
 
 def _defers_hook_fields(base: ProfilerConfig, overrides: tuple[Override, ...]) -> bool:
     """Whether ``overrides`` tune the fields of a hook that neither ``base`` nor they define."""
-    makes_hook = any(
-        o.path[0] == "finish_hook" and (len(o.path) == 1 or o.path[1] == "cmd") for o in overrides
-    )
+    makes_hook = any(o.path[0] == "finish_hook" and (len(o.path) == 1 or o.path[1] == "cmd") for o in overrides)
     return base.finish_hook is None and not makes_hook and any(_tunes_hook(o) for o in overrides)
 
 
@@ -215,8 +213,9 @@ def _parse_overrides(text: str, base: ProfilerConfig) -> tuple[Override, ...]:
     try:
         words = shlex.split(text)
     except ValueError as exc:
-        raise ConfigError([Problem("", f"{ENV_OVERRIDES}: cannot split {text!r} like a shell "
-                                       f"command line ({exc})")]) from None
+        raise ConfigError(
+            [Problem("", f"{ENV_OVERRIDES}: cannot split {text!r} like a shell command line ({exc})")]
+        ) from None
     overrides, problems = parse_each(words)
     # Every value is checked now, also those of hook fields whose command the code's on_finish
     # gives later (deferred, not ignored: a bad one is an error at the first scope either way).
@@ -291,7 +290,7 @@ def owns_environment(environ: dict[str, str] | None = None) -> bool:
     if env.get(ENV_CHILDREN, "").strip() == "1":
         owned = True
     elif mark.partition(":")[2] != digest:  # no mark, or a mark for other values: ours now
-        env[ENV_OWNER] = f"{os.getpid()}:{digest}"  # type: ignore[index]
+        env[ENV_OWNER] = f"{os.getpid()}:{digest}"
         owned = True
     else:
         owned = mark.partition(":")[0] == str(os.getpid())

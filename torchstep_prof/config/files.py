@@ -151,8 +151,13 @@ def _duplicate_keys(node: Any, path: str) -> list[Problem]:
             where = f"{path}.{key}" if path else str(key)
             if key is not None and key in first_line:
                 mark = key_node.start_mark
-                problems.append(Problem(where, f"duplicate key at line {mark.line + 1}, column {mark.column + 1} "
-                                               f"(first at line {first_line[key]}); a key may appear once"))
+                problems.append(
+                    Problem(
+                        where,
+                        f"duplicate key at line {mark.line + 1}, column {mark.column + 1} "
+                        f"(first at line {first_line[key]}); a key may appear once",
+                    )
+                )
             elif key is not None:
                 first_line[key] = key_node.start_mark.line + 1
             problems += _duplicate_keys(value_node, where)
@@ -214,7 +219,7 @@ def _read_json(path: PathLike, text: str) -> tuple[Any, list[Problem]]:
     return _plain(data, "", problems), problems
 
 
-class _JsonObject(dict):  # type: ignore[type-arg]
+class _JsonObject(dict):
     """A JSON object that remembers the keys it was given more than once (``json`` keeps the
     last silently); :func:`_plain` reports them under their key paths."""
 
@@ -255,7 +260,7 @@ def _read_toml(path: PathLike, text: str) -> Any:
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+        import tomli as tomllib  # type: ignore[no-redef]  # the same API under the stdlib's name
 
     try:
         return tomllib.loads(text), []  # TOML itself forbids a key given twice
@@ -271,8 +276,11 @@ _PARSERS = {"json": _read_json, "yaml": _read_yaml, "toml": _read_toml}
 
 
 def _to_toml(data: dict[str, Any]) -> str:
-    lines = [f"{key} = {_toml_value(value)}" for key, value in data.items()
-             if value is not None and not isinstance(value, dict)]
+    lines = [
+        f"{key} = {_toml_value(value)}"
+        for key, value in data.items()
+        if value is not None and not isinstance(value, dict)
+    ]
     for key, value in data.items():
         if isinstance(value, dict):
             lines += ["", f"[{key}]"]

@@ -109,8 +109,11 @@ def _save_path(key: str, value: Any) -> list[Problem]:
     bad = sorted({ch for ch in value if ch in _PATH_FORBIDDEN})
     if bad:
         listed = ", ".join(repr(ch) for ch in bad)
-        return [Problem(key, f"must not hold {listed} (got {value!r}; allowed: a path without "
-                             f"'\"', '\\' or control characters)")]
+        return [
+            Problem(
+                key, f"must not hold {listed} (got {value!r}; allowed: a path without '\"', '\\' or control characters)"
+            )
+        ]
     return []
 
 
@@ -187,8 +190,11 @@ class ScheduleConfig:
                 value = getattr(self, name)
                 if value != default and not any(p.path == name for p in problems):
                     problems.append(
-                        Problem(name, f"cannot be combined with an explicit steps list (got {value!r}; "
-                                f"leave it at {default} or set steps to null)")
+                        Problem(
+                            name,
+                            f"cannot be combined with an explicit steps list (got {value!r}; "
+                            f"leave it at {default} or set steps to null)",
+                        )
                     )
         _raise_if(problems)
 
@@ -291,8 +297,9 @@ def _address(key: str, value: Any) -> list[Problem]:
         except ValueError:
             if value == "localhost" or all(part.isalnum() or part == "-" for part in value.split(".")):
                 return []  # a host name this machine resolves (checked when the endpoint starts)
-    return [Problem(key, f"must be an IP address or a host name to listen on (got {value!r}; "
-                         "e.g. 0.0.0.0, 127.0.0.1, ::)")]
+    return [
+        Problem(key, f"must be an IP address or a host name to listen on (got {value!r}; e.g. 0.0.0.0, 127.0.0.1, ::)")
+    ]
 
 
 def _buckets(key: str, value: Any) -> list[Problem]:
@@ -385,8 +392,12 @@ class ProfilerConfig:
                 "contents": _check_contents,
             },
         )
-        for name, cls in (("schedule", ScheduleConfig), ("finish_hook", FinishHookConfig),
-                          ("on_demand", OnDemandConfig), ("metrics", MetricsConfig)):
+        for name, cls in (
+            ("schedule", ScheduleConfig),
+            ("finish_hook", FinishHookConfig),
+            ("on_demand", OnDemandConfig),
+            ("metrics", MetricsConfig),
+        ):
             value = getattr(self, name)
             if value is not None and not isinstance(value, cls):
                 problems.append(Problem(name, f"must be a {cls.__name__} or null (got {value!r})"))

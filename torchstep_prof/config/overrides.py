@@ -109,14 +109,21 @@ def _parse_one(text: str) -> Override:
     key, equals, raw = text.partition("=")
     key = key.strip()
     if not equals:
-        raise ConfigError([Problem("", f"override {text!r} has no '=' (expected key=value, "
-                                       f"e.g. schedule.steps=[1,3])")])
+        raise ConfigError(
+            [Problem("", f"override {text!r} has no '=' (expected key=value, e.g. schedule.steps=[1,3])")]
+        )
     if not key:
         raise ConfigError([Problem("", f"override {text!r} has an empty key (expected key=value)")])
     path = tuple(segment.strip() for segment in key.split("."))
     if not all(path):
-        raise ConfigError([Problem(key, f"override {text!r} has an empty key segment "
-                                        f"(expected names joined by '.', e.g. schedule.wait)")])
+        raise ConfigError(
+            [
+                Problem(
+                    key,
+                    f"override {text!r} has an empty key segment (expected names joined by '.', e.g. schedule.wait)",
+                )
+            ]
+        )
     _check_path(text, path)
     return Override(text=text, path=path, value=_parse_value(text, path, raw))
 
@@ -128,13 +135,19 @@ def _check_path(text: str, path: tuple[str, ...]) -> None:
         where = ".".join(path[: depth + 1])
         if cls is None:
             parent = ".".join(path[:depth])
-            raise ConfigError([Problem(where, f"override {text!r} sets a key inside {parent}, which is "
-                                              f"a value, not a section (sections: "
-                                              f"{', '.join(_section_keys())})")])
+            raise ConfigError(
+                [
+                    Problem(
+                        where,
+                        f"override {text!r} sets a key inside {parent}, which is "
+                        f"a value, not a section (sections: "
+                        f"{', '.join(_section_keys())})",
+                    )
+                ]
+            )
         fields = schema(cls)
         if segment not in fields:
-            raise ConfigError([Problem(where, f"unknown key in override {text!r} "
-                                              f"({suggest(segment, fields)})")])
+            raise ConfigError([Problem(where, f"unknown key in override {text!r} ({suggest(segment, fields)})")])
         cls = fields[segment]
 
 
@@ -154,8 +167,13 @@ def _parse_value(text: str, path: tuple[str, ...], raw: str) -> Any:
     except yaml.YAMLError as exc:
         # Text that YAML cannot read (`@x`) is fine quoted; a broken list or quote is not text.
         hint = "" if raw.lstrip()[:1] in ("[", "{", "'", '"') else "; to pass text, quote it: key='...'"
-        raise ConfigError([Problem(".".join(path), f"override {text!r} has a value that is not "
-                                                   f"valid YAML ({_yaml_reason(exc)}{hint})")]) from None
+        raise ConfigError(
+            [
+                Problem(
+                    ".".join(path), f"override {text!r} has a value that is not valid YAML ({_yaml_reason(exc)}{hint})"
+                )
+            ]
+        ) from None
     is_section = len(path) == 1 and schema(ProfilerConfig)[path[0]] is not None
     # YAML reads `2024-01-01` as a date and `a: b` as a mapping; where the schema has no room
     # for those, the user meant the text they typed.
@@ -217,6 +235,7 @@ def _set(data: dict[str, Any], override: Override, done: set[tuple[str, ...]]) -
         # base config (the code's `schedule(wait=1, ...)` under `schedule.steps=[2]`); where
         # an earlier override set it, the contradiction is the user's and is reported.
         schedule = data["schedule"]
+        replaced: tuple[str, ...]
         if override.path[1] == "steps" and override.value is not None:
             replaced = _CYCLE_FIELDS
         elif override.path[1] in _CYCLE_FIELDS:

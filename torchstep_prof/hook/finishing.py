@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import attrs
 
@@ -131,7 +131,8 @@ def _run(
         _node_sync.mark_finished(scope.scope_id, topology.local_rank)
     if not runs_hook(scope, topology, where):
         return
-    wait_s, missing = 0.0, ()
+    wait_s = 0.0
+    missing: tuple[int, ...] = ()  # the local ranks that did not finish in time
     if hook.per_node:
         t0 = time.perf_counter()
         missing = _node_sync.wait_for_node(scope.scope_id, topology.local_world_size, hook.node_wait_s)
@@ -227,8 +228,8 @@ def _print(line: str) -> None:
         pass
 
 
-def _short(cmd: object, limit: int = 60) -> str:
+def _short(cmd: str | Sequence[str], limit: int = 60) -> str:
     import shlex
 
-    text = cmd if isinstance(cmd, str) else shlex.join(cmd)  # type: ignore[arg-type]
+    text = cmd if isinstance(cmd, str) else shlex.join(cmd)
     return text if len(text) <= limit else text[: limit - 3] + "..."

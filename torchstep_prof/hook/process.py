@@ -155,7 +155,9 @@ def _failure_message(code: int, through_shell: bool, last_error_line: deque[str]
     return text
 
 
-def _start_reader(pipe: Optional[IO[bytes]], stream: str, prefix: str, last_line: Optional[deque[str]]) -> threading.Thread:
+def _start_reader(
+    pipe: Optional[IO[bytes]], stream: str, prefix: str, last_line: Optional[deque[str]]
+) -> threading.Thread:
     thread = threading.Thread(
         target=_copy_lines, args=(pipe, stream, prefix, last_line), name=f"torchstep_prof-hook-{stream}", daemon=True
     )

@@ -42,9 +42,7 @@ def relocated_name(name: str, rank: int, world_size: int) -> str:
     return RELOCATED_NAME_FORMAT.format(rank=rank, world_size=world_size, name=name)
 
 
-def relocate_traces(
-    dirs: Iterable[PathText], save_path: PathText, rank: int, world_size: int
-) -> tuple[str, ...]:
+def relocate_traces(dirs: Iterable[PathText], save_path: PathText, rank: int, world_size: int) -> tuple[str, ...]:
     """Move the ``*.json`` / ``*.json.gz`` files at the top level of each of ``dirs`` into
     ``save_path`` and return their new paths.
 
@@ -86,9 +84,7 @@ def _trace_files(folder: str) -> list[str]:
         _warn(f"relocate: cannot list {folder!r}: {exc}")
         return []
     return sorted(
-        entry.path
-        for entry in entries
-        if entry.name.endswith(TRACE_SUFFIXES) and entry.is_file(follow_symlinks=False)
+        entry.path for entry in entries if entry.name.endswith(TRACE_SUFFIXES) and entry.is_file(follow_symlinks=False)
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from types import FrameType
 from typing import Any, Mapping
 
 from ..errors import TorchstepProfWarning, warn
@@ -63,7 +64,8 @@ def warn_if_ray_actor_without_rank(group: Any, environ: Mapping[str, str]) -> No
 def _user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning issued by our caller point at the first frame of
     user code above it (the ``with tsp.profile_region(...)`` line, say)."""
-    level, frame = 1, sys._getframe(2)  # 1: our caller's frame; 2: the frame that called it
+    level = 1
+    frame: FrameType | None = sys._getframe(2)  # 1: our caller's frame; 2: the frame that called it
     while frame is not None and frame.f_code.co_filename.startswith(_NOT_USER_CODE):
         level, frame = level + 1, frame.f_back
     return level + 1 if frame is not None else 1

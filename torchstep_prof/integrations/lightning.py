@@ -68,13 +68,13 @@ class TorchstepProfCallback(Callback):
             finally:
                 driver.exit_region("training_step")
 
-        pl_module.training_step = training_step_in_region  # type: ignore[method-assign]
+        pl_module.training_step = training_step_in_region  # type: ignore[method-assign]  # this instance only
 
         def restore() -> None:
             if before is None:
                 pl_module.__dict__.pop("training_step", None)
             else:
-                pl_module.training_step = before  # type: ignore[method-assign]
+                pl_module.training_step = before  # type: ignore[method-assign]  # put back
 
         driver.on_close(restore)
         # The update ends inside torch's Optimizer.step range: a step post-hook closes the region

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from types import FrameType
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from transformers import Trainer, TrainerCallback
@@ -31,7 +32,7 @@ __all__ = ["TorchstepProfCallback"]
 def _find_trainer(callback: TrainerCallback) -> Optional[Trainer]:
     # transformers hands callbacks no Trainer; the one whose callback handler holds this callback
     # is on the stack while it calls us (Trainer.__init__ for on_init_end, train() afterwards).
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
         if isinstance(owner, Trainer) and callback in owner.callback_handler.callbacks:
@@ -123,13 +124,13 @@ class TorchstepProfCallback(TrainerCallback):
                 driver.exit_region("evaluate")
 
         before = trainer.__dict__.get("evaluate")
-        trainer.evaluate = evaluate_in_region  # type: ignore[method-assign]
+        trainer.evaluate = evaluate_in_region  # type: ignore[method-assign]  # this instance only
 
         def restore() -> None:
             if before is None:
                 trainer.__dict__.pop("evaluate", None)
             else:
-                trainer.evaluate = before  # type: ignore[method-assign]
+                trainer.evaluate = before  # type: ignore[method-assign]  # put back
 
         driver.on_close(restore)
 

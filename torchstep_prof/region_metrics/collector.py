@@ -38,7 +38,8 @@ class RegionCollector:
         place = self._place()
         bounds = list(BOUNDS)
         regions = HistogramMetricFamily(
-            f"{PREFIX}_region_seconds", "Wall time of torchstep_prof regions (role/stage), profiled or not",
+            f"{PREFIX}_region_seconds",
+            "Wall time of torchstep_prof regions (role/stage), profiled or not",
             labels=["role", "stage", *_PLACE],
         )
         steps = HistogramMetricFamily(

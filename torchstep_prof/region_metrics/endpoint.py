@@ -60,9 +60,12 @@ def serve(config: ProfilerConfig) -> None:
         return
     if _started is not None:  # already decided; the usual path (each scope entry)
         if (metrics.port, metrics.addr, metrics.buckets) != (_started.port, _started.addr, _started.buckets):
-            _warn_once("differs", f"torchstep_prof: metrics are already served as configured first "
-                                  f"(port {_started.port}, addr {_started.addr}, its buckets); "
-                                  f"this process has one endpoint: ignoring {metrics!r}")
+            _warn_once(
+                "differs",
+                f"torchstep_prof: metrics are already served as configured first "
+                f"(port {_started.port}, addr {_started.addr}, its buckets); "
+                f"this process has one endpoint: ignoring {metrics!r}",
+            )
         return
     with _LOCK:
         if _started is not None:
@@ -81,15 +84,22 @@ def _start_server(metrics: MetricsConfig) -> tuple[Optional[tuple[str, int]], An
 
     port = metrics.port + current_topology().local_rank if metrics.port else 0
     if port > 65535:
-        warn(f"torchstep_prof: metrics port {metrics.port} + local rank is {port}, above 65535: "
-             "no metrics endpoint (choose a lower metrics.port)", MetricsWarning, stacklevel=5)
+        warn(
+            f"torchstep_prof: metrics port {metrics.port} + local rank is {port}, above 65535: "
+            "no metrics endpoint (choose a lower metrics.port)",
+            MetricsWarning,
+            stacklevel=5,
+        )
         return None, None
     try:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError:
-        warn("torchstep_prof: metrics are on but prometheus_client is not installed "
-             "(pip install 'torchstep_prof[metrics]'): regions are timed, nothing is served",
-             MetricsWarning, stacklevel=5)
+        warn(
+            "torchstep_prof: metrics are on but prometheus_client is not installed "
+            "(pip install 'torchstep_prof[metrics]'): regions are timed, nothing is served",
+            MetricsWarning,
+            stacklevel=5,
+        )
         return None, None
     from .collector import RegionCollector
 
@@ -98,9 +108,12 @@ def _start_server(metrics: MetricsConfig) -> tuple[Optional[tuple[str, int]], An
     try:
         server, _thread = start_http_server(port, addr=metrics.addr, registry=registry)
     except Exception as exc:  # OSError: port in use, address not here; never into training
-        warn(f"torchstep_prof: cannot serve metrics on {metrics.addr}:{port} ({exc}); training goes on "
-             "without a metrics endpoint (set metrics.port to a free port; each process uses port + LOCAL_RANK)",
-             MetricsWarning, stacklevel=5)
+        warn(
+            f"torchstep_prof: cannot serve metrics on {metrics.addr}:{port} ({exc}); training goes on "
+            "without a metrics endpoint (set metrics.port to a free port; each process uses port + LOCAL_RANK)",
+            MetricsWarning,
+            stacklevel=5,
+        )
         return None, None
     return (metrics.addr, server.server_address[1]), server
 

@@ -121,6 +121,7 @@ class TimedInner:
         return entered
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+        # ignore: TimedRegion's exit on this object on purpose (the same slots, one copy of the rule).
         TimedRegion.__exit__(self, exc_type, exc, tb)  # type: ignore[arg-type]
         return self.inner.__exit__(exc_type, exc, tb)
 

@@ -19,11 +19,11 @@ if TYPE_CHECKING:  # rich costs ~70 ms to import: only when a summary is printed
 __all__ = ["print_summary", "render_summary"]
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return str(n)  # pragma: no cover
 
 
@@ -53,14 +53,13 @@ def _file_cells(data: ProfilingRecords, folder: str | None, pid: int) -> tuple[l
             names.append(None)
     written = [(t, n) for t, n in zip(data.traces, names) if t.path]
     shortened = folder is not None and all(
-        n is not None
-        and n.pid == pid
-        and (n.role, n.stage, n.step, n.rank) == (t.role, t.stage, t.step, t.rank)
+        n is not None and n.pid == pid and (n.role, n.stage, n.step, n.rank) == (t.role, t.stage, t.step, t.rank)
         for t, n in written
     )
     if not shortened:
         cells = [_display(t.path, folder) if t.path else "NOT WRITTEN" for t in data.traces]
         return cells, ""
+
     def tail(name: TraceName) -> str:  # what follows the pid in the name
         part = f"_part{name.part}" if name.part else ""
         return f"{format_timestamp(name.timestamp)}{part}{'.json.gz' if name.gzip else '.json'}"
@@ -170,7 +169,7 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         label = header in _LABELS
         table.add_column(
             header,
-            justify=justify,  # type: ignore[arg-type]
+            justify=justify,  # type: ignore[arg-type]  # rich's Literal; ours are 'left'/'right'
             no_wrap=True,
             # A number keeps its whole width; a label was folded to its column's width above.
             min_width=None if label else natural,
@@ -184,18 +183,12 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
     if files_below:
         lines.append("files, in the order of the rows:")
         # A file name is copied whole: longer than the console, it runs past the edge unfolded.
-        listed = [
-            Text(f"  {_display(t.path, folder)}", no_wrap=True, overflow="ignore")
-            for t in data.traces
-            if t.path
-        ]
+        listed = [Text(f"  {_display(t.path, folder)}", no_wrap=True, overflow="ignore") for t in data.traces if t.path]
     elif how:
         lines.append(how)
     for trace in data.traces:
         if not trace.ok:
-            lines.append(
-                f"NOT WRITTEN: {trace.role}/{trace.stage} step {trace.step}: {trace.error}"
-            )
+            lines.append(f"NOT WRITTEN: {trace.role}/{trace.stage} step {trace.step}: {trace.error}")
     for hook in data.hooks:
         code = "-" if hook.exit_code is None else str(hook.exit_code)
         extra = f"; {hook.message}" if hook.message and not hook.ok else ""
@@ -297,8 +290,7 @@ def print_summary_at_exit(wanted: bool) -> None:
         from ..errors import TraceWriteWarning, warn
 
         warn(
-            "torchstep_prof: interrupted again at exit; exiting without the traces not yet on disk "
-            "(no summary)",
+            "torchstep_prof: interrupted again at exit; exiting without the traces not yet on disk (no summary)",
             TraceWriteWarning,
             stacklevel=2,
         )

@@ -132,9 +132,7 @@ def _group_waits(group: GroupSummary) -> Optional[CollectiveWaits]:
             first_out = min(sorted(durations), key=lambda r: durations[r])  # waited least
             last[first_out] += 1
             caused[first_out] += sum(durations.values()) - len(durations) * shortest
-    ranks = tuple(
-        RankWait(rank=r, wait_ms=waits[r], last=last[r], caused_ms=caused[r]) for r in sorted(rows)
-    )
+    ranks = tuple(RankWait(rank=r, wait_ms=waits[r], last=last[r], caused_ms=caused[r]) for r in sorted(rows))
     late, ops = _late_rank(ranks, len(matched), rows)
     return CollectiveWaits(
         role=group.role,
@@ -206,21 +204,29 @@ def waits_to_dicts(waits: Iterable[CollectiveWaits]) -> list[dict[str, Any]]:
             "kind": w.kind,
             "matched": w.matched,
             "ranks": [
-                {"rank": r.rank, "wait_ms": round(r.wait_ms, 3), "last": r.last,
-                 "last_pct": round(100 * w.share(r.rank), 1), "caused_ms": round(r.caused_ms, 3)}
+                {
+                    "rank": r.rank,
+                    "wait_ms": round(r.wait_ms, 3),
+                    "last": r.last,
+                    "last_pct": round(100 * w.share(r.rank), 1),
+                    "caused_ms": round(r.caused_ms, 3),
+                }
                 for r in w.ranks
             ],  # fmt: skip
             "late_rank": w.late_rank,
             "late_pct": None if w.late_rank is None else round(100 * w.share(w.late_rank), 1),
             "late_ops": [
-                {"name": d.name, "self_ms": round(d.self_ms, 3),
-                 "others_self_ms": round(d.median_self_ms, 3), "delta_ms": round(d.delta_ms, 3)}
+                {
+                    "name": d.name,
+                    "self_ms": round(d.self_ms, 3),
+                    "others_self_ms": round(d.median_self_ms, 3),
+                    "delta_ms": round(d.delta_ms, 3),
+                }
                 for d in w.ops
             ],  # fmt: skip
             "unmatched_count": len(w.unmatched),
             "unmatched": [
-                {"kind": u.kind, "name": u.name, "ordinal": u.ordinal, "ranks": list(u.ranks)}
-                for u in w.unmatched
+                {"kind": u.kind, "name": u.name, "ordinal": u.ordinal, "ranks": list(u.ranks)} for u in w.unmatched
             ],
         }
         for w in waits
@@ -236,9 +242,7 @@ def describe_waits(w: CollectiveWaits) -> str:
     trainer/forward step 2: rank 1 arrived last at 3 of 3 gloo collectives (100%); rank 0 waited 91 ms; no operator accounts for it (Python, sleeping, I/O, data loading)
     """
     where = f"{w.role}/{w.stage} step {w.step}" + (f" #{w.occurrence}" if w.occurrence > 1 else "")
-    waited = ", ".join(
-        f"rank {r.rank} waited {_ms(r.wait_ms)}" for r in w.ranks if r.rank != w.late_rank
-    )
+    waited = ", ".join(f"rank {r.rank} waited {_ms(r.wait_ms)}" for r in w.ranks if r.rank != w.late_rank)
     if w.late_rank is None:
         text = f"{where}: no rank makes the others wait ({w.matched} {w.kind} collectives; {waited})"
     else:
@@ -248,9 +252,7 @@ def describe_waits(w: CollectiveWaits) -> str:
             f"collectives ({100 * w.share(w.late_rank):.0f}%); {waited}"
         )
         if w.ops:
-            text += "; its extra time: " + ", ".join(
-                f"{d.name} (+{_ms(d.delta_ms)})" for d in w.ops[:3]
-            )
+            text += "; its extra time: " + ", ".join(f"{d.name} (+{_ms(d.delta_ms)})" for d in w.ops[:3])
         else:
             text += "; no operator accounts for it (Python, sleeping, I/O, data loading)"
     if w.unmatched:

@@ -130,7 +130,10 @@ def _add_ops(side: _Side, label: str, ops: dict[str, list[float]]) -> None:
 
 
 def diff_traces(
-    base: Sequence[TraceInfo], test: Sequence[TraceInfo], *, base_label: str = "base",
+    base: Sequence[TraceInfo],
+    test: Sequence[TraceInfo],
+    *,
+    base_label: str = "base",
     test_label: str = "test",
 ) -> DiffResult:
     """Compare the traces of ``base`` with those of ``test`` (scanned, the newest run each).
@@ -191,6 +194,7 @@ def diff_to_dict(result: DiffResult, *, top: Optional[int] = None) -> dict[str, 
 
     Times and counts are means per trace; ``ops`` is cut to ``top`` rows when given.
     """
+
     def r3(value: Optional[float]) -> Optional[float]:
         return None if value is None else round(value, 3)
 
@@ -198,15 +202,29 @@ def diff_to_dict(result: DiffResult, *, top: Optional[int] = None) -> dict[str, 
         "base": result.base,
         "test": result.test,
         "regions": [
-            {"region": r.region, "base_ms": r3(r.base_ms), "test_ms": r3(r.test_ms),
-             "delta_ms": r3(r.delta_ms), "base_traces": r.base_traces, "test_traces": r.test_traces}
+            {
+                "region": r.region,
+                "base_ms": r3(r.base_ms),
+                "test_ms": r3(r.test_ms),
+                "delta_ms": r3(r.delta_ms),
+                "base_traces": r.base_traces,
+                "test_traces": r.test_traces,
+            }
             for r in result.regions
         ],  # fmt: skip
         "ops": [
-            {"region": o.region, "name": o.name, "status": o.status, "base_ms": r3(o.base_ms),
-             "test_ms": r3(o.test_ms), "delta_ms": r3(o.delta_ms), "base_count": r3(o.base_count),
-             "test_count": r3(o.test_count), "count_delta": r3(o.test_count - o.base_count),
-             "count_ratio": r3(o.count_ratio)}
+            {
+                "region": o.region,
+                "name": o.name,
+                "status": o.status,
+                "base_ms": r3(o.base_ms),
+                "test_ms": r3(o.test_ms),
+                "delta_ms": r3(o.delta_ms),
+                "base_count": r3(o.base_count),
+                "test_count": r3(o.test_count),
+                "count_delta": r3(o.test_count - o.base_count),
+                "count_ratio": r3(o.count_ratio),
+            }
             for o in result.ops[:top]
         ],  # fmt: skip
         "skipped": [u.path for u in result.skipped],

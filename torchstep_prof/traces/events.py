@@ -30,9 +30,7 @@ __all__ = [
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
-OP_CATEGORIES = frozenset(
-    {"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"}
-)
+OP_CATEGORIES = frozenset({"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})
 """Event categories counted as operators by :func:`top_ops` (not ranges nor Python frames)."""
 
 
@@ -242,9 +240,16 @@ def _thread_rows(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float, st
     for event in iter_events(trace):
         if event.get("ph") != "X":
             continue
-        ts, dur = event.get("ts"), event.get("dur")
+        # Any: the checks below narrow them (an exact-type test mypy cannot follow, kept for speed).
+        ts: Any = event.get("ts")
+        dur: Any = event.get("dur")
         # The common case without a call: plain, sane numbers (NaN fails the comparisons).
-        if not (type(ts) in numbers and type(dur) in numbers and -MAX_TIME_US <= ts <= MAX_TIME_US and 0 <= dur <= MAX_TIME_US):
+        if not (
+            type(ts) in numbers
+            and type(dur) in numbers
+            and -MAX_TIME_US <= ts <= MAX_TIME_US
+            and 0 <= dur <= MAX_TIME_US
+        ):
             ts, dur = _number(ts), _number(dur, duration=True)
             if ts is None or dur is None:
                 continue

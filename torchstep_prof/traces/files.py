@@ -48,6 +48,7 @@ METADATA_KEY = "torchstep_prof"
 FUSED_STAGE = "train"
 """The stage of every fused trace (one trace per step, holding all of its regions)."""
 
+
 @attrs.frozen(kw_only=True)
 class TraceInfo:
     """What one trace file is: who wrote it, for which region and step, and how long it took.
@@ -97,11 +98,13 @@ class Unreadable:
     reason: str
 
 
-def _labels(what: str) -> Callable[[Iterable[str]], Tuple[str, ...]]:
-    def convert(values: Iterable[str]) -> Tuple[str, ...]:
-        return tuple(sanitize_label(value, what) for value in values)
+# Named functions, not a factory's closures: attrs' mypy plugin types only named converters.
+def _role_labels(values: Iterable[str]) -> Tuple[str, ...]:
+    return tuple(sanitize_label(value, "role") for value in values)
 
-    return convert
+
+def _stage_labels(values: Iterable[str]) -> Tuple[str, ...]:
+    return tuple(sanitize_label(value, "stage") for value in values)
 
 
 @attrs.frozen(kw_only=True)
@@ -112,8 +115,8 @@ class TraceFilter:
     ``compute-log-prob`` files (a label with nothing left after sanitizing is a ``ValueError``).
     """
 
-    roles: Tuple[str, ...] = attrs.field(default=(), converter=_labels("role"))
-    stages: Tuple[str, ...] = attrs.field(default=(), converter=_labels("stage"))
+    roles: Tuple[str, ...] = attrs.field(default=(), converter=_role_labels)
+    stages: Tuple[str, ...] = attrs.field(default=(), converter=_stage_labels)
     steps: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
     ranks: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
     pids: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
@@ -140,9 +143,7 @@ class TraceFilter:
         )
 
 
-def read_trace_info(
-    path: str | os.PathLike[str], trace: dict[str, Any] | None = None, *, top: int = 0
-) -> TraceInfo:
+def read_trace_info(path: str | os.PathLike[str], trace: dict[str, Any] | None = None, *, top: int = 0) -> TraceInfo:
     """Describe the trace at ``path`` (loading it unless ``trace`` is given).
 
     Fields come from the ``torchstep_prof`` metadata, else the file name, else (rank and world
@@ -177,11 +178,10 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
     start_ns = None if base_ns is None or start_us is None else base_ns + round(start_us * 1000)
     if start_ns is not None and not 0 <= start_ns <= MAX_EPOCH_NS:
         raise TraceReadError(
-            f"{path}: absurd start time (baseTimeNanoseconds plus the step's ts is "
-            f"{start_ns / 1e9:.3g} s since 1970)"
+            f"{path}: absurd start time (baseTimeNanoseconds plus the step's ts is {start_ns / 1e9:.3g} s since 1970)"
         )
     dist = trace.get("distributedInfo")
-    roles = (fields["role"],)
+    roles: Tuple[str, ...] = (fields["role"],)
     if fields["fused"]:
         ranges = region_ranges(events)
         roles = _unique(_label(r.name.split("/", 1)[0]) for r in ranges) or roles
@@ -320,9 +320,7 @@ def find_trace_files(directory: str | os.PathLike[str], *, recursive: bool = Fal
         with os.scandir(directory) as entries:
             # Not only regular files: a fifo or a dangling link named *.json is listed, so that
             # reading it names it as skipped (see load_trace) rather than hiding it.
-            found.extend(
-                e.path for e in entries if e.name.endswith(TRACE_SUFFIXES) and not _is_dir(e)
-            )
+            found.extend(e.path for e in entries if e.name.endswith(TRACE_SUFFIXES) and not _is_dir(e))
     return sorted(found)
 
 

@@ -213,9 +213,7 @@ def _round(value: float) -> float:
 def explaining_ops(finding: Finding) -> Tuple[OpDelta, ...]:
     """The operators whose extra self time accounts for a real share of the straggler's gap."""
     gap = finding.wall_ms - finding.median_ms
-    return tuple(
-        op for op in finding.ops if op.delta_ms > 0 and op.delta_ms >= EXPLAINS_SHARE * gap
-    )
+    return tuple(op for op in finding.ops if op.delta_ms > 0 and op.delta_ms >= EXPLAINS_SHARE * gap)
 
 
 def describe_finding(finding: Finding) -> str:
@@ -233,8 +231,7 @@ def describe_finding(finding: Finding) -> str:
     who = f"rank {finding.rank}'s {finding.role}/{finding.stage} {step}"
     if finding.median_ms > 0:
         text = (
-            f"{who} is {finding.ratio:.1f}x slower than the median "
-            f"({_ms(finding.wall_ms)} vs {_ms(finding.median_ms)})"
+            f"{who} is {finding.ratio:.1f}x slower than the median ({_ms(finding.wall_ms)} vs {_ms(finding.median_ms)})"
         )
     else:
         text = f"{who} takes {_ms(finding.wall_ms)} where the median is 0 ms"
@@ -242,10 +239,7 @@ def describe_finding(finding: Finding) -> str:
     if explaining:
         parts = [f"{op.name} (+{_ms(op.delta_ms)})" for op in explaining]
         return f"{text}, mostly in {', '.join(parts)}"
-    return (
-        f"{text}; no operator accounts for it: the extra time is outside operators "
-        "(Python, waiting, I/O)"
-    )
+    return f"{text}; no operator accounts for it: the extra time is outside operators (Python, waiting, I/O)"
 
 
 def _ms(value: float) -> str:

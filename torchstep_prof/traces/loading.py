@@ -71,9 +71,7 @@ def _open_regular(path: str) -> IO[bytes]:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         if os.path.islink(path):
-            raise TraceReadError(
-                f"{path}: a symbolic link to nothing (to {os.readlink(path)}), not read"
-            ) from None
+            raise TraceReadError(f"{path}: a symbolic link to nothing (to {os.readlink(path)}), not read") from None
         raise
     try:
         mode = os.fstat(fd).st_mode

@@ -94,13 +94,11 @@ def find_memory(summary: Summary, *, top: int = MEMORY_TOP_OPS) -> Tuple[RegionM
                     fused=group.fused,
                     device=device,
                     ranks=tuple(
-                        RankMemory(rank=rank, peak_bytes=u.peak_bytes, net_bytes=u.net_bytes)
-                        for rank, u in uses
+                        RankMemory(rank=rank, peak_bytes=u.peak_bytes, net_bytes=u.net_bytes) for rank, u in uses
                     ),
                     # Per rank on average, as the operators of summarize are.
                     top_ops=tuple(
-                        OpBytes(name=name, bytes=b // len(uses), count=round(n / len(uses)))
-                        for name, (b, n) in ranked
+                        OpBytes(name=name, bytes=b // len(uses), count=round(n / len(uses))) for name, (b, n) in ranked
                     ),
                 )
             )
@@ -129,10 +127,7 @@ def memory_to_dicts(memory: Iterable[RegionMemory]) -> list[dict[str, Any]]:
             "net_bytes": m.net_bytes,
             "imbalance": None if m.imbalance is None else round(m.imbalance, 3),
             "top_rank": m.top_rank,
-            "ranks": [
-                {"rank": r.rank, "peak_bytes": r.peak_bytes, "net_bytes": r.net_bytes}
-                for r in m.ranks
-            ],
+            "ranks": [{"rank": r.rank, "peak_bytes": r.peak_bytes, "net_bytes": r.net_bytes} for r in m.ranks],
             "top_ops": [{"name": o.name, "bytes": o.bytes, "count": o.count} for o in m.top_ops],
         }
         for m in memory

@@ -117,9 +117,9 @@ def read_memory(events: Iterable[Any], top: int = MEMORY_TOP_OPS) -> Tuple[Memor
             net_bytes=level[device],
             top_ops=tuple(
                 OpBytes(name=name, bytes=b, count=n)
-                for name, (b, n) in sorted(
-                    charged.get(device, {}).items(), key=lambda item: (-item[1][0], item[0])
-                )[:top]
+                for name, (b, n) in sorted(charged.get(device, {}).items(), key=lambda item: (-item[1][0], item[0]))[
+                    :top
+                ]
             ),
         )
         for device in sorted(level)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import math
 import os
 import secrets
-from typing import IO, Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import attrs
 
@@ -85,8 +86,7 @@ def merge_traces(
     # A trace without a base time comes from a torch that wrote epoch microseconds directly.
     base_ns = min(info.base_time_ns or 0 for info in infos)
     tracks = tuple(
-        MergedTrack(path=info.path, pid=index + 1, label=track_label(info))
-        for index, info in enumerate(infos)
+        MergedTrack(path=info.path, pid=index + 1, label=track_label(info)) for index, info in enumerate(infos)
     )
     out_path = os.fspath(out_path)
     written = 0
@@ -215,7 +215,7 @@ def _unique_id(value: Any, index: int, offset: int, max_id: int) -> tuple[Any, i
 
 
 @contextlib.contextmanager
-def _atomic_output(path: str) -> Iterator[IO[bytes]]:
+def _atomic_output(path: str) -> Iterator[io.BufferedIOBase]:
     """A binary file written under a temporary name beside ``path`` and renamed over it on
     success (gzip-compressed when ``path`` ends with ``.gz``); removed on failure."""
     folder, base = os.path.split(os.path.abspath(path))

@@ -58,8 +58,7 @@ def sanitize_label(label: str, what: str = "label") -> str:
     cleaned = _NOT_LABEL_RUN.sub("-", label).strip("-.")
     if not cleaned:
         raise ValueError(
-            f"{what} {label!r} has no character left after sanitizing "
-            f"(file names keep only 0-9 A-Z a-z . = + -)"
+            f"{what} {label!r} has no character left after sanitizing (file names keep only 0-9 A-Z a-z . = + -)"
         )
     return cleaned
 

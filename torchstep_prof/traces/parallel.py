@@ -75,12 +75,12 @@ def scan_paths(
     if cache is not None:
         cache.save()
     infos = [r for r in results.values() if isinstance(r, TraceInfo) and filters.matches(r)]
-    unreadable = [results[p] for p in wanted if isinstance(results[p], Unreadable)]
+    unreadable = [r for p in wanted if isinstance(r := results[p], Unreadable)]
     infos.sort(key=trace_sort_key)
-    return infos, unreadable  # type: ignore[return-value]
+    return infos, unreadable
 
 
-def _read_all(paths: Sequence[str], top: int, jobs: int):  # type: ignore[no-untyped-def]
+def _read_all(paths: Sequence[str], top: int, jobs: int):
     if jobs <= 1 or len(paths) < PARALLEL_MIN_FILES:
         for path in paths:
             yield path, read_or_skip(path, top)
@@ -93,4 +93,3 @@ def _read_all(paths: Sequence[str], top: int, jobs: int):  # type: ignore[no-unt
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         for batch, found in zip(batches, pool.map(_read_batch, [(b, top) for b in batches])):
             yield from zip(batch, found)
-

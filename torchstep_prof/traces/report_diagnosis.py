@@ -80,9 +80,7 @@ def waits_section(report: Report, chart: Chart) -> str:
         '<section id="waits"><h2>Collective waits</h2>'
         '<p class="meta">Collectives matched across the ranks of each group by name and order; a '
         "rank's wait is its duration minus the shortest across ranks (clocks are not compared). "
-        "The rank that waited least arrived last.</p>"
-        + chart(figure, "waits")
-        + f"<ul>{items}</ul></section>"
+        "The rank that waited least arrived last.</p>" + chart(figure, "waits") + f"<ul>{items}</ul></section>"
     )
 
 
@@ -92,18 +90,29 @@ def memory_section(report: Report, chart: Chart) -> str:
     if not report.memory:
         return ""
     labels = [
-        f"{m.role}/{m.stage} step {m.step}" + (f" #{m.occurrence}" if m.occurrence > 1 else "")
+        f"{m.role}/{m.stage} step {m.step}"
+        + (f" #{m.occurrence}" if m.occurrence > 1 else "")
         + (f" ({m.device})" if m.device != "cpu" else "")
         for m in report.memory
     ]
     figure = {
         "data": [
-            {"type": "bar", "name": "peak (largest rank)", "x": labels,
-             "y": [round(m.peak_bytes / MIB, 3) for m in report.memory], "marker": {"color": _COLORS[0]},
-             "hovertemplate": "%{x}: peak %{y:.1f} MiB<extra></extra>"},
-            {"type": "bar", "name": "net growth (median rank)", "x": labels,
-             "y": [round(m.net_bytes / MIB, 3) for m in report.memory], "marker": {"color": _COLORS[1]},
-             "hovertemplate": "%{x}: net %{y:+.1f} MiB<extra></extra>"},
+            {
+                "type": "bar",
+                "name": "peak (largest rank)",
+                "x": labels,
+                "y": [round(m.peak_bytes / MIB, 3) for m in report.memory],
+                "marker": {"color": _COLORS[0]},
+                "hovertemplate": "%{x}: peak %{y:.1f} MiB<extra></extra>",
+            },
+            {
+                "type": "bar",
+                "name": "net growth (median rank)",
+                "x": labels,
+                "y": [round(m.net_bytes / MIB, 3) for m in report.memory],
+                "marker": {"color": _COLORS[1]},
+                "hovertemplate": "%{x}: net %{y:+.1f} MiB<extra></extra>",
+            },
         ],  # fmt: skip
         "layout": _layout(
             height=320,
@@ -149,8 +158,7 @@ def baseline_section(report: Report, chart: Chart) -> str:
         ),
     }
     region_rows = "".join(
-        f"<tr><td>{_e(r.region)}</td><td>{_ms(r.base_ms)}</td><td>{_ms(r.test_ms)}</td>"
-        f"<td>{r.delta_ms:+.2f}</td></tr>"
+        f"<tr><td>{_e(r.region)}</td><td>{_ms(r.base_ms)}</td><td>{_ms(r.test_ms)}</td><td>{r.delta_ms:+.2f}</td></tr>"
         for r in diff.regions
     )
     op_rows = "".join(

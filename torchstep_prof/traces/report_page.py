@@ -43,9 +43,7 @@ def load_plotlyjs() -> str:
     try:
         from plotly.offline import get_plotlyjs
     except ImportError as exc:
-        raise PlotlyMissing(
-            f"the report draws its charts with plotly, which is not installed: {INSTALL_HINT}"
-        ) from exc
+        raise PlotlyMissing(f"the report draws its charts with plotly, which is not installed: {INSTALL_HINT}") from exc
     return get_plotlyjs()
 
 
@@ -119,9 +117,7 @@ def _header(report: Report) -> str:
             f'<details class="skipped" open><summary>Skipped {len(report.unreadable)} file(s) '
             "that are not usable traces</summary><ul>"
         )
-        lines.extend(
-            f"<li><code>{_e(u.path)}</code>: {_e(u.reason)}</li>" for u in report.unreadable
-        )
+        lines.extend(f"<li><code>{_e(u.path)}</code>: {_e(u.reason)}</li>" for u in report.unreadable)
         lines.append("</ul></details>")
     else:
         lines.append("<p>No file skipped.</p>")
@@ -173,9 +169,7 @@ def _group_meta(group: GroupSummary, report: Report) -> str:
 def _ops_table(group: GroupSummary) -> str:
     if not group.top_ops:
         return ""
-    rows = "".join(
-        f"<tr><td>{op.self_ms:.2f}</td><td>{_e(op.name)}</td></tr>" for op in group.top_ops[:5]
-    )
+    rows = "".join(f"<tr><td>{op.self_ms:.2f}</td><td>{_e(op.name)}</td></tr>" for op in group.top_ops[:5])
     return (
         '<table class="ops"><thead><tr><th>self ms</th><th>top operators (mean over ranks)'
         f"</th></tr></thead><tbody>{rows}</tbody></table>"
@@ -201,9 +195,7 @@ def _layout(**extra: Any) -> dict[str, Any]:
 
 def _group_figure(group: GroupSummary, report: Report) -> dict[str, Any]:
     labels = _rank_labels(group)
-    straggling = [
-        r.rank == group.straggler and r.wall_ms == group.max_ms for r in group.ranks
-    ]
+    straggling = [r.rank == group.straggler and r.wall_ms == group.max_ms for r in group.ranks]
     ratios = [r.wall_ms / group.median_ms if group.median_ms > 0 else 1.0 for r in group.ranks]
     bar = {
         "type": "bar",
@@ -243,8 +235,13 @@ def _group_figure(group: GroupSummary, report: Report) -> dict[str, Any]:
             yaxis={"title": {"text": "wall ms"}, "range": [0, 1.25 * max(group.max_ms, 1e-3)]},
             shapes=[
                 {
-                    "type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": group.median_ms,
-                    "y1": group.median_ms, "line": {"color": "#333", "dash": "dash", "width": 1.5},
+                    "type": "line",
+                    "xref": "paper",
+                    "x0": 0,
+                    "x1": 1,
+                    "y0": group.median_ms,
+                    "y1": group.median_ms,
+                    "line": {"color": "#333", "dash": "dash", "width": 1.5},
                 }
             ],  # fmt: skip
             annotations=annotations,
@@ -291,9 +288,15 @@ def _timeline_figure(step: int, bars: Sequence[TimelineBar]) -> dict[str, Any]:
                 # The duration goes in customdata: for a bar with a base, plotly's %{x} is
                 # where the bar ends, not how long it is.
                 "customdata": [
-                    [b.role, b.stage, b.step,
-                     _occ_text(b.occurrence) + (" (whole fused step)" if b.whole_step else ""),
-                     b.rank, os.path.basename(b.file), f"{b.wall_ms:.2f}"]
+                    [
+                        b.role,
+                        b.stage,
+                        b.step,
+                        _occ_text(b.occurrence) + (" (whole fused step)" if b.whole_step else ""),
+                        b.rank,
+                        os.path.basename(b.file),
+                        f"{b.wall_ms:.2f}",
+                    ]
                     for b in mine
                 ],  # fmt: skip
                 "hovertemplate": "%{customdata[0]}/%{customdata[1]} step %{customdata[2]}"

@@ -374,9 +374,7 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
     table.add_column("x median", no_wrap=True, min_width=next(numbers))
     if ops_column:
         # One operator a line, cut with an ellipsis rather than wrapped onto a line of its own.
-        table.add_column(
-            "top ops (self ms)", no_wrap=True, overflow="ellipsis", max_width=ops_width
-        )
+        table.add_column("top ops (self ms)", no_wrap=True, overflow="ellipsis", max_width=ops_width)
     for region, step, occ, rank, wall, ratio, ops, end in rows:
         row = [Text(region), step, *([occ] if show_occ else []), rank, wall, ratio]
         table.add_row(*row, *([Text(ops)] if ops_column else []), end_section=end)

@@ -135,8 +135,10 @@ class Plan:
         if ending and (read_at is None or min(missed) > read_at):
             where = "the job ended before them"
         else:
-            where = (f"this rank was at step {read_at} when it read the request; trigger again with a "
-                     "larger --align or a later --at")
+            where = (
+                f"this rank was at step {read_at} when it read the request; trigger again with a "
+                "larger --align or a later --at"
+            )
         line = f"on-demand request {self.request.id}: step(s) {_shown(missed)} not profiled ({where})"
         ENGINE.ensure_atexit()
         # A line of its own, not the missed-steps row: that one says the steps never ran, and

@@ -24,8 +24,15 @@ import attrs
 from ..config.model import CONTENT_NAMES
 from ..errors import ConfigError, Problem
 
-__all__ = ["REQUEST_FILE", "Request", "new_id", "parse_request", "read_request", "write_json_atomically",
-           "write_request"]
+__all__ = [
+    "REQUEST_FILE",
+    "Request",
+    "new_id",
+    "parse_request",
+    "read_request",
+    "write_json_atomically",
+    "write_request",
+]
 
 REQUEST_FILE = "request.json"
 
@@ -95,8 +102,14 @@ def parse_request(data: Any) -> Request:
     problems: list[Problem] = []
     request_id = data.get("id")
     if not isinstance(request_id, str) or not request_id:
-        problems.append(Problem("id", "required (a non-empty string)" if request_id is None
-                                else f"must be a non-empty string (got {request_id!r})"))
+        problems.append(
+            Problem(
+                "id",
+                "required (a non-empty string)"
+                if request_id is None
+                else f"must be a non-empty string (got {request_id!r})",
+            )
+        )
     if "steps" not in data:
         problems.append(Problem("steps", "required (a list of step numbers)"))
     else:
@@ -109,18 +122,22 @@ def parse_request(data: Any) -> Request:
     contents = data.get("contents")
     if contents is not None:
         if not isinstance(contents, list):
-            problems.append(Problem("contents", f"must be a list of names from {', '.join(CONTENT_NAMES)} "
-                                                f"(got {contents!r})"))
+            problems.append(
+                Problem("contents", f"must be a list of names from {', '.join(CONTENT_NAMES)} (got {contents!r})")
+            )
         else:
-            problems += [Problem(f"contents[{i}]", f"{c!r} is not one of {', '.join(CONTENT_NAMES)}")
-                         for i, c in enumerate(contents) if c not in CONTENT_NAMES]
+            problems += [
+                Problem(f"contents[{i}]", f"{c!r} is not one of {', '.join(CONTENT_NAMES)}")
+                for i, c in enumerate(contents)
+                if c not in CONTENT_NAMES
+            ]
     problems += [Problem(str(key), f"unknown key (allowed: {', '.join(_KEYS)})") for key in data if key not in _KEYS]
     if problems:
         raise ConfigError(problems)
     ranks = data.get("ranks")
     all_ranks = data.get("all_ranks")
     return Request(
-        id=request_id,  # type: ignore[arg-type]
+        id=request_id,  # type: ignore[arg-type]  # a str: checked above (problems raise)
         steps=tuple(sorted(set(data["steps"]))),
         ranks=tuple(ranks) if ranks is not None else None,
         all_ranks=ranks is None if all_ranks is None else all_ranks,

@@ -80,8 +80,10 @@ class Watcher:
         except Exception as exc:  # profiling never raises into training: drop the request
             self.plan = None
             plan.entry["outcome"] = f"failed: {exc!r}"
-            self._warn_once(f"failed-{plan.request.id}", f"torchstep_prof: on-demand request {plan.request.id} "
-                                                         f"dropped ({exc!r}); training goes on")
+            self._warn_once(
+                f"failed-{plan.request.id}",
+                f"torchstep_prof: on-demand request {plan.request.id} dropped ({exc!r}); training goes on",
+            )
             return frame
 
     def wants(self, number: int) -> bool:
@@ -143,8 +145,10 @@ class Watcher:
             request = read_request(path)
         except ConfigError as exc:
             lines = "; ".join(f"{p.path or '(the file)'}: {p.message}" for p in exc.problems)
-            self._warn_once(f"bad-{signature}", f"torchstep_prof: on-demand request {path} is malformed "
-                                                f"({lines}); it is ignored, training goes on")
+            self._warn_once(
+                f"bad-{signature}",
+                f"torchstep_prof: on-demand request {path} is malformed ({lines}); it is ignored, training goes on",
+            )
             return
         except OSError as exc:
             self._request_seen = None  # read again at the next poll
@@ -212,15 +216,21 @@ def watch(frame: Frame) -> None:
         running = ON_DEMAND.watcher
         if running is not None:
             if running.config != config:
-                running._warn_once(f"second-{config.dir}", f"torchstep_prof: on_demand.dir={config.dir!r} "
-                                   f"ignored: this process already polls {running.config.dir!r}")
+                running._warn_once(
+                    f"second-{config.dir}",
+                    f"torchstep_prof: on_demand.dir={config.dir!r} "
+                    f"ignored: this process already polls {running.config.dir!r}",
+                )
             return
         watcher = Watcher(config)
         try:
             watcher.start()
         except OSError as exc:
-            warn(f"torchstep_prof: on-demand traces are off: {config.dir!r} cannot be used ({exc})",
-                 TorchstepProfWarning, stacklevel=3)
+            warn(
+                f"torchstep_prof: on-demand traces are off: {config.dir!r} cannot be used ({exc})",
+                TorchstepProfWarning,
+                stacklevel=3,
+            )
             return
         ON_DEMAND.watcher = watcher
     from ..engine import ENGINE

@@ -47,7 +47,7 @@ def finish_tail(path: str, final_path: str, spans: SpanLog) -> int:
             f.seek(tail_start)
             tail = f.read()
             end_of_events = _end_of_events(tail) if base_ns is not None else None
-            if end_of_events is None:
+            if base_ns is None or end_of_events is None:
                 return _rewrite_whole(f, final_path, spans)
             events = b"".join(b",\n" + event for event in spans.events(base_ns))
             f.seek(tail_start + end_of_events)

@@ -333,7 +333,6 @@ class StepDriver:
                 warn(f"torchstep_prof run: profiling a step failed ({exc!r}); training goes on", TorchstepProfWarning)
 
 
-
 def _install_source(step_on: StepOn, on_boundary: Callable[[], None], owner: int,
                     main_names: tuple[str, ...]) -> Callable[[], None]:  # fmt: skip
     from .step_on import install_source

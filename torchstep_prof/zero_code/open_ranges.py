@@ -83,6 +83,7 @@ class RangeWatch:
                     watch._on_closed()
             return result
 
+        # ignores: functools-style markers on functions, and the class's methods patched on purpose.
         __enter__.__wrapped__ = enter  # type: ignore[attr-defined]
         __exit__.__wrapped__ = leave  # type: ignore[attr-defined]
         cls.__enter__, cls.__exit__ = __enter__, __exit__  # type: ignore[method-assign]
@@ -92,7 +93,7 @@ class RangeWatch:
         if self._saved is None or self.open:
             return
         cls = _autograd_profiler.record_function
-        cls.__enter__, cls.__exit__ = self._saved  # type: ignore[method-assign]
+        cls.__enter__, cls.__exit__ = self._saved  # type: ignore[method-assign]  # put back
         self._saved = None
 
     def remove(self) -> None:

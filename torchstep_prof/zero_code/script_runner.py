@@ -15,9 +15,13 @@ import runpy
 import sys
 import types
 from importlib.machinery import SourceFileLoader
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["ScriptNotFound", "check_module", "check_script", "run_module", "run_script"]
+
+# The function ``python -m`` and ``python FOLDER`` call. It is private to CPython, so typeshed does
+# not declare it; it exists on every version the package supports (3.10+).
+_run_module_as_main: Callable[..., Any] = runpy._run_module_as_main  # type: ignore[attr-defined]
 
 
 class ScriptNotFound(Exception):
@@ -52,7 +56,7 @@ def run_script(path: str, args: Sequence[str]) -> None:
         _fresh_main()
         # What the interpreter itself calls for a folder: the same frames in a traceback, and
         # its one-line message (exit 1) for a folder without __main__.py.
-        _guarded(runpy._run_module_as_main, "__main__", alter_argv=False)
+        _guarded(_run_module_as_main, "__main__", alter_argv=False)
         return
     # The interpreter puts the script's real folder first on the path, and gives __main__ the
     # absolute file name (while argv[0] stays as typed).
@@ -82,7 +86,7 @@ def run_module(name: str, args: Sequence[str]) -> None:
     _fresh_main()
     # The function python -m itself calls: a traceback shows the same two runpy frames, and a
     # package without __main__.py gets python's one-line message and exit code 1.
-    _guarded(runpy._run_module_as_main, name, alter_argv=True)
+    _guarded(_run_module_as_main, name, alter_argv=True)
 
 
 def _fresh_main(**fields: Any) -> types.ModuleType:
@@ -152,7 +156,7 @@ def _trim_tracebacks_at_exit() -> None:
             pass
         previous(exc_type, exc, tb)
 
-    excepthook._torchstep_prof_trims = True  # type: ignore[attr-defined]
+    excepthook._torchstep_prof_trims = True  # type: ignore[attr-defined]  # a marker on the function
     sys.excepthook = excepthook
 
 

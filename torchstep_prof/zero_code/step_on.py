@@ -80,14 +80,18 @@ def check_defined_in(step_on: StepOn, path: Optional[str]) -> None:
         body = found[-1].body
     else:
         return
-    raise ValueError(f"--step-on {step_on.module}:{step_on.qualname}: {path} defines no {step_on.qualname} at "
-                     "module level (QUALNAME names a module-level function or a method of a module-level class)")
+    raise ValueError(
+        f"--step-on {step_on.module}:{step_on.qualname}: {path} defines no {step_on.qualname} at "
+        "module level (QUALNAME names a module-level function or a method of a module-level class)"
+    )
 
 
 # --- the sources ---------------------------------------------------------------------------------
 
 
-def install_source(step_on: StepOn, on_boundary: Callable[[], None], owner: int, main_names: tuple[str, ...]) -> Callable[[], None]:
+def install_source(
+    step_on: StepOn, on_boundary: Callable[[], None], owner: int, main_names: tuple[str, ...]
+) -> Callable[[], None]:
     """Start calling ``on_boundary`` at each boundary ``step_on`` names; returns the remover.
 
     ``main_names``: the names the script runs under (``__main__`` and its module name): a
@@ -121,7 +125,7 @@ def _outermost(fn: Callable[..., Any], on_boundary: Callable[[], None], owner: i
             if level == 0:
                 on_boundary()
 
-    wrapper._torchstep_prof_original = fn  # type: ignore[attr-defined]
+    wrapper._torchstep_prof_original = fn  # type: ignore[attr-defined]  # a marker on the function
     return wrapper
 
 
@@ -246,11 +250,12 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
         raw = target.__func__ if isinstance(target, (staticmethod, classmethod)) else target
         if not callable(raw):
             return False
-        wrapped = _outermost(raw, self.on_boundary, self.owner)
+        wrapper = _outermost(raw, self.on_boundary, self.owner)
+        wrapped: object = wrapper  # what replaces the target: the wrapper, or it in the same descriptor
         if isinstance(target, staticmethod):
-            wrapped = staticmethod(wrapped)
+            wrapped = staticmethod(wrapper)
         elif isinstance(target, classmethod):
-            wrapped = classmethod(wrapped)
+            wrapped = classmethod(wrapper)
         name = rest[-1] if rest else head
         if owner is None:
             namespace[name] = wrapped
