@@ -65,16 +65,22 @@ def test_wall_times_name_no_straggler_but_waits_name_the_late_rank(late_rank: Pa
     waits = [w for w in doc["collectives"] if w["stage"] == "forward"]
     assert [w["step"] for w in waits] == [1, 2, 3, 4]
     last = matched = 0
+    rank0_waits = []
     for w in waits:
         assert w["kind"] == "gloo" and w["matched"] >= 1, w
         assert w["unmatched_count"] == 0 and w["unmatched"] == []
         ranks = {r["rank"]: r for r in w["ranks"]}
         last += ranks[1]["last"]
         matched += w["matched"]
-        assert 20 <= ranks[0]["wait_ms"] <= 60, w  # 30 ms of rank 1's sleep, per step
+        rank0_waits.append(ranks[0]["wait_ms"])
+        assert ranks[0]["wait_ms"] >= 5, w  # rank 1's sleep shows in every step
         assert ranks[1]["wait_ms"] < ranks[0]["wait_ms"]
         assert w["late_rank"] == 1 and w["late_pct"] >= 90
     assert last / matched >= 0.9
+    # 30 ms of rank 1's sleep per step. The median over the steps: on a loaded 2-core machine one
+    # step can lose part of its wait to rank 0 being descheduled between the barrier and the
+    # all-reduce (seen: 16 ms once under a load of 12).
+    assert 20 <= sorted(rank0_waits)[len(rank0_waits) // 2] <= 60, rank0_waits
 
 
 def test_the_table_says_who_arrived_last(late_rank: Path) -> None:
@@ -149,9 +155,13 @@ def test_nccl_kernels_are_matched_before_gloo_annotations(late_rank: Path, tmp_p
         path.write_text(json.dumps(trace))
     waits = [w for w in summary(folder)["collectives"] if w["stage"] == "forward"]
     assert waits and all(w["kind"] == "nccl" and w["late_rank"] == 1 for w in waits), waits
+    gloo = {w["step"]: w for w in summary(late_rank)["collectives"] if w["stage"] == "forward"}
     for w in waits:
         rank0 = next(r for r in w["ranks"] if r["rank"] == 0)
-        assert 10 <= rank0["wait_ms"] <= 30, w  # half the gloo wait: the kernels' durations
+        gloo_rank0 = next(r for r in gloo[w["step"]]["ranks"] if r["rank"] == 0)
+        # The kernels last half as long as the gloo annotations they were made from: so do the waits.
+        assert rank0["wait_ms"] == pytest.approx(gloo_rank0["wait_ms"] / 2, abs=0.01), (w, gloo_rank0)
+        assert rank0["wait_ms"] > 0
 
 
 # --- memory per region ---------------------------------------------------------------------------
