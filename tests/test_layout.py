@@ -1,4 +1,4 @@
-"""The package's layout keeps its promises (README "How it works"): every module says its job in
+"""The package's layout keeps its promises (docs/architecture.md): every module says its job in
 its first line, no two modules import each other (directly or around a cycle, lazy imports
 included), and the configuration and trace-reading subpackages never import torch."""
 

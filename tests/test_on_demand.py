@@ -1,4 +1,4 @@
-"""On-demand traces of a running job (README "On-demand traces of a running job"): real jobs
+"""On-demand traces of a running job (docs/on-demand.md): real jobs
 (a 2-rank torchrun, a ``torchstep-prof run``), real ``torchstep-prof trigger`` processes."""
 
 from __future__ import annotations

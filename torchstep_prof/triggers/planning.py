@@ -1,6 +1,6 @@
 """Which absolute steps a request names: past the highest step any rank could reach before it reads it.
 
-The rule (README "On-demand traces of a running job"): for each rank, its last written step plus
+The rule (docs/on-demand.md): for each rank, its last written step plus
 its step rate times the time until it has surely read the request (the age of its status file,
 plus two of its polls: one until the next poll, one to spare), rounded up; the first step is
 the first multiple of ``align`` above the highest of those, then ``next`` steps. A rank whose
