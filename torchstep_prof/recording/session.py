@@ -29,7 +29,7 @@ from ..topology import Topology, distributed_initialized
 if TYPE_CHECKING:
     from ..summary.records import TraceRecord
 
-__all__ = ["NESTED_FAST_PATH", "TraceSession", "entered", "new_range", "profiler_kwargs"]
+__all__ = ["TraceSession", "entered", "new_range", "profiler_kwargs"]
 
 FUSED_STAGE = "train"
 FUSED_DEFAULT_ROLE = "main"
@@ -45,21 +45,6 @@ except ImportError:  # pragma: no cover - depends on the torch build
 
 new_range: Any = _FastRange if _FastRange is not None else record_function
 """``new_range(name)``: a range for the running trace, as a context manager not yet entered."""
-
-
-class NestedFastPath:
-    """Where a region may skip every check and be a bare torch range: under ``frame`` (the
-    owner's scopes, inside its step block) in ``thread`` (the owner's), while a discrete trace
-    records. Set by the engine when it publishes such a trace, cleared before it stops."""
-
-    __slots__ = ("frame", "thread")
-
-    def __init__(self) -> None:
-        self.frame: Any = None
-        self.thread: Optional[int] = None
-
-
-NESTED_FAST_PATH = NestedFastPath()
 
 
 def entered(marker: Any) -> Any:
