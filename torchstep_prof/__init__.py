@@ -108,7 +108,12 @@ del _at_import
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly (re-exported: __all__)
     from .config.model import (
-        CONTENT_NAMES, FinishHookConfig, MetricsConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig,
+        CONTENT_NAMES,
+        FinishHookConfig,
+        MetricsConfig,
+        OnDemandConfig,
+        ProfilerConfig,
+        ScheduleConfig,
     )
     from .background import flush
     from .config.files import dump_config, load_config

@@ -22,8 +22,10 @@ class Engine(Protocol):
     """What the exit work uses of ``engine.Engine`` (its public methods; the engine imports
     this module, so it is not imported here)."""
 
-    forked: bool
     summary_wanted: bool
+
+    @property
+    def forked(self) -> bool: ...
 
     @property
     def owner(self) -> Optional[OwnedTrace]: ...

@@ -193,7 +193,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
     else:
         first, end, action = frame.cycle_run
         if not first <= step < end:
-            first, end, action = frame.cycle_run = frame.cycle.run_of(step)
+            first, end, action = frame.cycle_run = frame.cycle.run_of(step)  # type: ignore[union-attr]
         if action is _NONE:
             return _IDLE_REGION
     if frame.rank_group is not _GROUPS._default_pg:

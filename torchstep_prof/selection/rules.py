@@ -60,7 +60,7 @@ class _SortedSteps:
 
     def __contains__(self, step: object) -> bool:
         steps = self.steps
-        i = bisect.bisect_left(steps, step)  # type: ignore[arg-type]
+        i = bisect.bisect_left(steps, step)  # type: ignore[call-overload]
         return i < len(steps) and steps[i] == step
 
 
