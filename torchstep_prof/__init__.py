@@ -79,11 +79,9 @@ def __getattr__(name: str) -> Any:
 
 
 def _load_every_name() -> None:
-    """Load every public name now, then drop ``__getattr__``: Python 3.11 specializes an
-    attribute load on a module (``tsp.profile_region``, on every region) only when the module has
-    no ``__getattr__``; with one, each load takes the generic path (~0.1 us, a tenth of what a
-    not-profiled region may cost). Called where regions may profile from then on (a scope with
-    a schedule entered, or the environment's schedule at import); the commands that read
+    """Load every public name now, then drop ``__getattr__`` (why: docs/hot-path.md, "The
+    package drops its __getattr__"). Called where regions may profile from then on (a scope
+    with a schedule entered, or the environment's schedule at import); the commands that read
     traces never get there."""
     namespace = globals()
     load = namespace.get("__getattr__")  # taken once: another thread may drop it meanwhile

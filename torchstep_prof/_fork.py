@@ -29,7 +29,7 @@ _registered = False
 def at_fork_in_child(forget: Callable[[], None]) -> None:
     """Run ``forget()`` in every child forked from now on (after those registered before).
 
-    >>> at_fork_in_child(lambda: None)
+    >>> at_fork_in_child(_forget_cache)  # doctest: +SKIP
     """
     _in_child.append(forget)
 

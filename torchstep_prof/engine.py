@@ -65,7 +65,9 @@ class Engine:
 
     @session.setter
     def session(self, session: Optional[TraceSession]) -> None:  # tests drop a leaked one
-        self.slot.session = session
+        if session is not None:
+            raise ValueError("only the profiler slot publishes a session")
+        self.slot.forget_session()
 
     @property
     def owner(self) -> Optional[OwnedTrace]:
@@ -193,12 +195,13 @@ class Engine:
         records. Only torch's ``stop()`` runs here; the export runs on the writer thread. Never
         raises, except a KeyboardInterrupt (the trace is then still written or recorded)."""
         try:
-            if not self.slot.stop(session, self._hand_over):
-                return  # a block inherited by a forked child: the parent writes its trace
-            with self.slot.lock:  # queued first: a hook started now waits for this write
-                deferred, self._deferred_finishes = self._deferred_finishes, []
-            # Hooks deferred while this trace recorded: their threads wait for its write.
-            self._start_hooks(deferred)
+            try:
+                # (In a forked child, a block it inherited: nothing; the parent writes its trace.)
+                self.slot.stop(session, self._hand_over)
+            finally:  # also after a Ctrl-C inside torch's stop
+                # Hooks deferred while this trace recorded (it is queued first: their threads
+                # wait for its write).
+                self.start_deferred_hooks()
         except Exception as exc:  # never let profiling replace the user's exception or result
             self.warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", TorchstepProfWarning)
 
@@ -309,7 +312,8 @@ class Engine:
             self._start_hooks([(scope, where)])
 
     def start_deferred_hooks(self) -> None:
-        """Start the hooks deferred while a trace recorded (interpreter exit: it never ended)."""
+        """Start the hooks deferred while a trace recorded or stopped (it is queued now, or it
+        never ended: interpreter exit)."""
         with self.slot.lock:
             deferred, self._deferred_finishes = self._deferred_finishes, []
         self._start_hooks(deferred)

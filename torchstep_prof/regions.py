@@ -4,8 +4,7 @@ These are the hot path: users leave them around every stage of every step. When 
 profiled (no schedule in force, or profiling disabled) a region reads one context variable and
 one attribute, and returns. ``profile_region`` is the one place that decides what a region does
 (a range in a running trace, nothing, or a trace of its own that the engine starts); a ``step``
-block decides once for the regions inside it. They are classes, not generator context managers
-(~4x cheaper).
+block decides once for the regions inside it. Why the code looks as it does: docs/hot-path.md.
 """
 
 from __future__ import annotations
@@ -41,11 +40,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 class _IdleRegion:
     """What ``profile_region`` returns when nothing can be profiled: a shared no-op.
 
-    Its ``__exit__`` is a C callable, not a Python method: ``"".format``, stored as a
-    staticmethod, takes whatever arguments it gets (``with`` passes the exception triple,
-    ``ExitStack`` the region too) and returns ``""``, falsy, so an exception in the block
-    propagates; no Python frame of ours runs there. ``__enter__`` stays a method, since
-    ``ExitStack.enter_context`` calls it with the region and ``as`` must get the region.
+    Its ``__exit__`` is a C callable (docs/hot-path.md, "C callables as __enter__ / __exit__").
+    ``__enter__`` stays a method, since ``ExitStack.enter_context`` calls it with the region and
+    ``as`` must get the region.
     """
 
     __slots__ = ()
@@ -56,9 +53,7 @@ class _IdleRegion:
 
 
 _IDLE_REGION = _IdleRegion()
-# Bound by assignment, not by `from ... import`: Python 3.11 compiles `name.method(...)` on a name
-# its module imported as an attribute load that makes and drops a bound method on every call
-# (~0.15 us each, a sixth of what a not-profiled region may cost); on these names it is a method call.
+# Bound by assignment, not by `from ... import`: see docs/hot-path.md, "Bind by assignment".
 ENGINE = _engine.ENGINE
 _SLOT = ENGINE.slot  # its .session: the trace recording now, if any
 CURRENT_STEP = _steps.CURRENT_STEP  # the step block in force: CURRENT_STEP.get(None)
@@ -182,7 +177,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
     elif frame.label_checks > 0:  # step=: the first regions under a frame check their labels
         frame.label_checks -= 1
         _check_labels(role, stage)
-    # Frame.action(step), inline (a call costs a sixth of what a region may): the schedule's
+    # Frame.action(step), inline (docs/hot-path.md, "Decisions inlined and cached"): the schedule's
     # explicit set or cycle, then the rank decision the frame keeps with the process group it
     # was made under. tests/test_selection.py checks the two agree.
     explicit = frame.explicit_steps
@@ -395,7 +390,7 @@ def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:
         sanitize_label(label, "stage")
         return around_each_call(  # type: ignore[no-any-return]
             fn,
-            functools.partial(profile_region, role, label),  # C-level: no Python frame per call
+            functools.partial(profile_region, role, label),  # no Python frame: docs/hot-path.md
             "@profiled",
             "Put `with profile_region(...)` inside the loop that consumes it.",
             idle=_IDLE_REGION,

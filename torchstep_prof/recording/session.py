@@ -40,7 +40,7 @@ INTERRUPTED_STOP = "interrupted by Ctrl-C while torch stopped the profiler, whic
 
 # ``new_range(name)``: a range for the running trace, as a context manager not yet entered.
 new_range: Any
-try:  # A private torch API, ~10x cheaper than record_function; the public one is the fallback.
+try:  # A private torch API (docs/hot-path.md, "torch's fast range"); the public one is the fallback.
     from torch._C._profiler import _RecordFunctionFast as new_range
 except ImportError:  # pragma: no cover - depends on the torch build
     new_range = record_function

@@ -42,7 +42,7 @@ _IDLE, _STARTING, _RECORDING, _STOPPING, _FORKED = (
     SlotState.RECORDING,
     SlotState.STOPPING,
     SlotState.FORKED,
-)  # module names, read without the enum's attribute lookup: see docs/hot-path.md
+)  # docs/hot-path.md, "Enum members as module names"
 
 
 class NestedFastPath:
@@ -254,6 +254,14 @@ class ProfilerSlot:
         with self.lock:
             if self.state is not _FORKED:
                 self.state = state
+
+    def forget_session(self) -> None:
+        """Forget the trace recording now without stopping it (a test dropping a leaked one)."""
+        with self.lock:
+            self.session = self.owner = None
+            NESTED_FAST_PATH.clear()
+            if self.state is _RECORDING:
+                self.state = _IDLE
 
     # --- a forked child ------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ TASK_TRACK_BASE = 1 << 30
 
 def running_task() -> Any:
     """The asyncio task running in this thread, or None; asks asyncio only when a loop runs
-    here (``_get_running_loop`` is a C call of ~40 ns; ``current_task()`` alone costs ~20x)."""
+    here (docs/hot-path.md, "Cheap questions first")."""
     loop = _get_running_loop()
     return None if loop is None else _current_task(loop)
 

@@ -17,7 +17,7 @@ __all__ = ["COUNTERS", "CURRENT_STEP", "count", "forget_occurrences", "next_occu
 # The innermost ``step(n)`` block of this thread / task (an object with a ``number``).
 CURRENT_STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("torchstep_prof_step")
 
-# role -> stage -> counter (two lookups of interned strings beat building a tuple key)
+# role -> stage -> counter (docs/hot-path.md, "Two lookups of interned strings")
 COUNTERS: dict[str, dict[str, Iterator[int]]] = {}
 
 # (role, stage, step) -> traces started so far; (None, None, step) for fused ones
@@ -36,7 +36,7 @@ def count(role: str, stage: str) -> int:
         stages = COUNTERS.setdefault(role, {})
         # (setdefault: another thread may have made it meanwhile)
     counter = stages.get(stage)
-    if counter is None:  # regions call next() on it (cheaper than its bound __next__)
+    if counter is None:  # regions call next() on it (docs/hot-path.md)
         counter = stages.setdefault(stage, itertools.count(1))
     return next(counter)
 
