@@ -195,7 +195,7 @@ def test_a_selected_step_waits_for_another_threads_warm_up_instead_of_being_lost
     monkeypatch.setattr(ENGINE, "warmed", False)
     folder = tmp_path / "profile"
     warming = threading.Event()
-    real = ENGINE._warm_up_now
+    real = ENGINE.slot._warm_up_now
 
     def slow_warm_up(contents):
         warming.set()
@@ -204,7 +204,7 @@ def test_a_selected_step_waits_for_another_threads_warm_up_instead_of_being_lost
         time.sleep(0.5)
         real(contents)
 
-    monkeypatch.setattr(ENGINE, "_warm_up_now", slow_warm_up)
+    monkeypatch.setattr(ENGINE.slot, "_warm_up_now", slow_warm_up)
 
     def enter_a_scope() -> None:
         with tsp.schedule(steps=[1]):  # pays the warm-up in this thread

@@ -11,17 +11,14 @@ The public names are loaded on first use (PEP 562), so ``torchstep-prof ls`` and
 pay for ``import torch``; training code, which imports torch anyway, sees no difference.
 """
 
+# The TYPE_CHECKING imports at the end re-export (__all__ is built from _EXPORTS, which ruff cannot see).
+# ruff: noqa: F401
 from __future__ import annotations
 
 import importlib
-import os as _os
 from typing import TYPE_CHECKING, Any
 
-# Kineto prints USDT lines on stderr for every profiler window unless this is set before the
-# first profiler use in the process (setting it later has no effect). Users can still override.
-_os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -82,11 +79,9 @@ def __getattr__(name: str) -> Any:
 
 
 def _load_every_name() -> None:
-    """Load every public name now, then drop ``__getattr__``: Python 3.11 specializes an
-    attribute load on a module (``tsp.profile_region``, on every region) only when the module has
-    no ``__getattr__``; with one, each load takes the generic path (~0.1 us, a tenth of what a
-    not-profiled region may cost). Called where regions may profile from then on (a scope with
-    a schedule entered, or the environment's schedule at import); the commands that read
+    """Load every public name now, then drop ``__getattr__`` (why: docs/hot-path.md, "The
+    package drops its __getattr__"). Called where regions may profile from then on (a scope
+    with a schedule entered, or the environment's schedule at import); the commands that read
     traces never get there."""
     namespace = globals()
     load = namespace.get("__getattr__")  # taken once: another thread may drop it meanwhile
@@ -102,49 +97,21 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-def _warm_up_for_the_environment() -> None:
-    # With profiling switched on by TORCHSTEP_PROF_CONFIG / _OVERRIDES there may be no scope
-    # entered before step 1: do at import what entering a scope would (read the environment
-    # into the root frame, register the exit work, load the names, pay torch.profiler's ~1 s
-    # first start on a rank that may profile), not inside the first profiled step. Only in a
-    # process that already imported torch (a training script; not the command line). A bad
-    # environment is reported later, where SPEC.md says: at the first scope or region. When the
-    # environment also sets a finish hook, its frame is read there too: that hook belongs to a
-    # process that ran a scope or a region, not to every one that imports the package.
-    import sys
+# The package's import-time work (Kineto's log level, profiling the environment switches on) is
+# startup.py's; it runs here, once every name above is defined (it may load them all).
+from .startup import at_import as _at_import  # noqa: E402
 
-    from .config.variables import ENV_CONFIG, ENV_OVERRIDES
+_at_import()
+del _at_import
 
-    if "torch" not in sys.modules or not (_os.environ.get(ENV_CONFIG) or _os.environ.get(ENV_OVERRIDES)):
-        return
-    from .config.environment import read_environment
-    from .config.model import ProfilerConfig
-    from .engine import ENGINE
-    from .errors import ConfigError
-    from .selection.frames import current_frame
-    from .selection.rules import rank_selected
-    from .topology import current_topology
-
-    try:
-        layer = read_environment()
-        config = layer.apply(ProfilerConfig())
-    except ConfigError:
-        return
-    if not config.enable or config.schedule is None:
-        return
-    if not layer.sets_finish_hook:
-        ENGINE.prepare(current_frame())  # outside every scope: the root frame
-        return
-    _load_every_name()
-    if rank_selected(config.ranks, config.all_ranks, current_topology().rank):
-        ENGINE.warm_up(config.contents)
-
-
-_warm_up_for_the_environment()
-
-if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly (re-exported: __all__)
     from .config.model import (
-        CONTENT_NAMES, FinishHookConfig, MetricsConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig,
+        CONTENT_NAMES,
+        FinishHookConfig,
+        MetricsConfig,
+        OnDemandConfig,
+        ProfilerConfig,
+        ScheduleConfig,
     )
     from .background import flush
     from .config.files import dump_config, load_config

@@ -7,10 +7,11 @@ here, without knowing who registered what. No torch import: the command line may
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Callable, Iterable, Optional
+
+from ._fork import at_fork_in_child
 
 __all__ = ["HOOKS", "POLL_S", "WRITES", "add", "add_thread", "flush", "wait_for", "wait_for_event"]
 
@@ -134,5 +135,4 @@ def _forget_in_child() -> None:
     _work.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_child)
+at_fork_in_child(_forget_in_child)

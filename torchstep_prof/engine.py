@@ -1,94 +1,90 @@
-"""The profiling engine: who owns this process's one torch profiler, and what happens when it stops.
+"""The profiling engine: this process's profiling bookkeeping around its one torch profiler.
 
 Exactly one profiler runs per process, owned by the outermost profiled block (a region in
-discrete mode, a ``step`` block in fused mode). Everything entered while it records, in any
-thread or asyncio task, becomes a range in that trace. The engine is process-wide by nature
-(torch's profiler is), so its state sits on one object guarded by a lock; the scope stacks
-themselves live in context variables (:mod:`torchstep_prof.selection.frames`). What interpreter
-exit and a fork do to it is :mod:`torchstep_prof.process_exit`; the profiler's one-time warm-up
-is :mod:`torchstep_prof.recording.warm_up`.
+discrete mode, a ``step`` block in fused mode); starting and stopping it is
+:mod:`torchstep_prof.recording.slot`. Everything entered while it records, in any thread or
+asyncio task, becomes a range in that trace. The engine carries out what regions and steps
+decided, hands stopped traces to the writer, runs finish hooks once their traces are written,
+and does the process's exit and fork work (:mod:`torchstep_prof.process_exit`). Step state
+(the step block in force, counters, occurrences) is :mod:`torchstep_prof.selection.steps`.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import contextvars
 import functools
-import itertools
-import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-import torch
-
-from . import background
-from .recording.foreign import foreign_profiler
+from ._fork import at_fork_in_child
 from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
 from .recording.range_names import range_name
-from .selection import open_blocks
+from .recording.session import TraceSession, entered, new_range
+from .recording.slot import FOREIGN, OwnedTrace, ProfilerSlot
+from .region_metrics.endpoint import when_started as when_metrics_start
+from .selection import open_blocks, steps
 from .selection.frames import Frame, HookScope, when_env_sets_a_hook
 from .selection.rules import StepAction, last_selected_step
-from .recording.session import NESTED_FAST_PATH, TraceSession, entered, new_range
-from .region_metrics.endpoint import when_started as when_metrics_start
+from .selection.steps import CURRENT_STEP
 from .topology import current_topology
 
 if TYPE_CHECKING:
     from .summary.records import TraceRecord
     from .writing.writer import TraceWriter
 
-__all__ = ["CURRENT_STEP", "ENGINE", "ForeignProfilerWarning", "ProfilerStartWarning"]
-
-
-# The innermost ``step(n)`` block of this thread / task (an object with a ``number``).
-CURRENT_STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("torchstep_prof_step")
-
-class _OwnedTrace:
-    """Returned to the block that owns a trace; its ``__exit__`` stops and writes it, once
-    (interpreter exit may have done it before a suspended generator's block exits)."""
-
-    __slots__ = ("_engine", "session", "_done")
-
-    def __init__(self, engine: Engine, session: TraceSession) -> None:
-        self._engine = engine
-        self.session = session
-        self._done = False
-
-    def __exit__(self, *exc_info: Any) -> None:
-        with self._engine.lock:
-            if self._done:
-                return
-            self._done = True
-        self._engine.stop_session(self.session)
-
+__all__ = ["CURRENT_STEP", "ENGINE", "Engine", "ForeignProfilerWarning", "ProfilerStartWarning"]
 
 _WRITER_LOCK = threading.Lock()  # makes the one writer (never held while it writes)
 
 
 class Engine:
+    """The process's profiling engine (one: :data:`ENGINE`)."""
+
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.session: Optional[TraceSession] = None  # the trace recording now, if any
-        self._owner: Optional[_OwnedTrace] = None  # what stops it (interpreter exit may have to)
-        # A thread is starting or stopping torch's profiler (under self.lock): Kineto crashes
-        # when one thread starts a profiler while another stops one. (Exporting a stopped one
-        # on the writer thread meanwhile is safe: see writing/writer.py.)
-        self._busy = False
-        self._stopping = False  # a thread is stopping and writing the last trace
+        self.slot = ProfilerSlot(self.warn_once, self._warmed)
         self._writer: Optional[TraceWriter] = None  # made with the first trace: see writer
-        self.forked = False
-        self.warmed = False
         self.warm_up_deferred = False  # torchstep-prof run warms up near its first selected step
-        # role -> stage -> counter (two lookups of interned strings beat building a tuple key)
-        self.counters: dict[str, dict[str, Iterator[int]]] = {}
-        # (role, stage, step) -> traces started so far; (None, None, step) for fused ones
-        self._occurrences: dict[tuple[Optional[str], Optional[str], int], int] = {}
+        self.counters = steps.COUNTERS  # role -> stage -> counter (selection/steps.py)
         self._atexit_registered = False
         # Hook scopes finished while a trace was recording: started once it is written.
         self._deferred_finishes: list[tuple[HookScope, Any]] = []
         self._warned: set[str] = set()
         self.summary_wanted = True  # the ``summary`` field of the last config that profiled
+
+    # The slot's state, as the engine's (the command line, zero-code and tests read these).
+    @property
+    def lock(self) -> threading.Lock:
+        return self.slot.lock
+
+    @property
+    def session(self) -> Optional[TraceSession]:
+        """The trace recording now, if any."""
+        return self.slot.session
+
+    @session.setter
+    def session(self, session: Optional[TraceSession]) -> None:  # tests drop a leaked one
+        if session is not None:
+            raise ValueError("only the profiler slot publishes a session")
+        self.slot.forget_session()
+
+    @property
+    def owner(self) -> Optional[OwnedTrace]:
+        """What stops the trace recording now (interpreter exit may have to)."""
+        return self.slot.owner
+
+    @property
+    def forked(self) -> bool:
+        return self.slot.forked
+
+    @property
+    def warmed(self) -> bool:
+        return self.slot.warmed
+
+    @warmed.setter
+    def warmed(self, value: bool) -> None:
+        self.slot.warmed = value
 
     @property
     def writer(self) -> TraceWriter:
@@ -109,9 +105,9 @@ class Engine:
         """Carry out what ``profile_region`` decided (``action`` for ``step`` under ``frame``):
         start a trace, or be a range in one another thread started meanwhile. Returns an object
         whose ``__exit__`` must be called when the region exits, or None."""
-        if self.forked:
+        if self.slot.forked:
             return None
-        session = self.session
+        session = self.slot.session
         if session is not None:
             return entered(self.range_in(session, role, stage))
         return self._start(frame, role, stage, step, action)
@@ -129,23 +125,23 @@ class Engine:
 
     def enter_step(self, frame: Frame, number: int, action: StepAction) -> Any:
         """A fused ``step`` block's entry: start the trace it owns (its step is selected)."""
-        if self.forked or self.session is not None:
+        if self.slot.forked or self.slot.session is not None:
             return None
         return self._start(frame, None, None, number, action)
 
     def step_began_in_trace(self, number: int) -> None:
         """A step block begins while a trace records: remember it if the trace belongs to a
         region left open past its own step's end (its trace now holds this step's work)."""
-        session = self.session
+        session = self.slot.session
         if session is not None and session.left_open and number != session.step:
-            with self.lock:
+            with self.slot.lock:
                 if number not in session.later_steps:
                     session.later_steps.append(number)
 
     def step_ending(self, block: Any) -> None:
         """A step block ends while a trace records: a region that owns it, entered in that
         block, is being left open across steps (a generator suspended inside it, say)."""
-        session = self.session
+        session = self.slot.session
         if session is not None and session.step_block is block and not session.fused:
             session.left_open = True
 
@@ -161,20 +157,15 @@ class Engine:
                     self.finish(scope, frame.config)
             scope = scope.parent
 
-    def forget_occurrences(self) -> None:
+    @staticmethod
+    def forget_occurrences() -> None:
         """Count occurrences afresh, as a new process would (tests running many jobs in one)."""
-        with self.lock:
-            self._occurrences.clear()
+        steps.forget_occurrences()
 
-    def count(self, role: str, stage: str) -> int:
+    @staticmethod
+    def count(role: str, stage: str) -> int:
         """The next number of the per-process counter of (role, stage), from 1."""
-        stages = self.counters.get(role)
-        if stages is None:
-            stages = self.counters.setdefault(role, {})
-        counter = stages.get(stage)
-        if counter is None:  # regions call next() on it (cheaper than its bound __next__)
-            counter = stages.setdefault(stage, itertools.count(1))
-        return next(counter)
+        return steps.count(role, stage)
 
     # --- the profiler window -----------------------------------------------------------------
 
@@ -188,93 +179,41 @@ class Engine:
             topology=current_topology(),
             hook_scope=frame.hook_scope,
         )
-        while True:
-            with self.lock:
-                if not self._busy or self.session is not None:
-                    running = self.session
-                    if running is None:
-                        self._busy = True
-                        key = (role, stage, step)
-                        session.occurrence = self._occurrences[key] = self._occurrences.get(key, 0) + 1
-                    break
-            # Another thread starting, stopping or warming up a profiler: wait for it (a few ms,
-            # ~1 s for a warm-up) rather than lose this selected step's trace. Polled outside the
-            # lock, not Condition.wait: a Ctrl-C may land anywhere (see background.wait_for_event).
-            time.sleep(background.POLL_S)
-        if running is not None:  # another thread's trace is recording: be a range in it
-            if role is None:
-                return None
-            return entered(self.range_in(running, role, stage or ""))
-        if self._foreign_profiler_running():  # none of ours runs (busy is ours): theirs
-            self._set_idle()
-            if role is not None and torch.autograd._profiler_enabled():
-                # Theirs records in this very thread: a range in their trace is harmless there.
-                return entered(new_range(range_name(role, stage or "")))
-            return None
+        started = self.slot.start(session, frame, self.stop_session, functools.partial(self._starting, frame))
+        if started is FOREIGN:
+            return self.slot.foreign_range(role, stage)
+        if isinstance(started, TraceSession):  # another thread's trace is recording: a range in it
+            return None if role is None else entered(self.range_in(started, role, stage or ""))
+        return started  # its owner, or None (it failed to start, or a forked child)
+
+    def _starting(self, frame: Frame) -> None:
         self.ensure_atexit()
         self.summary_wanted = frame.config.summary
-        try:
-            if not self.warmed:
-                self._warm_up_now(frame.config.contents)
-            session.start()
-        except BaseException as exc:
-            self._set_idle()
-            if not isinstance(exc, Exception):  # KeyboardInterrupt: nothing left half-started
-                raise
-            label = f"{role}/{stage}" if role is not None else "fused trace"
-            warn(
-                f"torchstep_prof: the profiler failed to start for {label} step {step} ({exc!r}); "
-                "the block runs unprofiled",
-                ProfilerStartWarning,
-                stacklevel=4,
-            )
-            session.record_unwritten(f"profiler failed to start: {exc!r}")
-            return None
-        owner = _OwnedTrace(self, session)
-        if role is not None:
-            session.step_block = CURRENT_STEP.get(None)
-        with self.lock:
-            # Published only once torch's profiler runs: a region that sees it may open a range.
-            self.session, self._owner, self._busy = session, owner, False
-            if role is not None and CURRENT_STEP.get(None) is not None and session.owner_task is None \
-                    and frame.metrics is None:  # a timed region is never a bare range
-                # Regions nested here, in this thread (outside asyncio), need no counter and no
-                # checks.
-                NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
-        return owner
 
     def stop_session(self, session: TraceSession) -> None:
         """Stop ``session`` (always), then hand it to the background writer when its step
         records. Only torch's ``stop()`` runs here; the export runs on the writer thread. Never
         raises, except a KeyboardInterrupt (the trace is then still written or recorded)."""
-        if self.forked:  # a block inherited by a forked child: the parent writes its trace
-            return
-        with self.lock:
-            # Unpublished before torch stops: no new range is opened into a stopping trace, and
-            # no other thread starts a profiler until this one is stopped.
-            if self.session is session:
-                self.session = self._owner = None
-                NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None
-            self._busy = self._stopping = True
         try:
             try:
-                session.stop()
-            finally:
-                _store().add_costs(start_s=session.start_s, stop_s=session.stop_s)
-                self._set_idle()  # the export runs beside the next profiler: see writing/writer.py
-                if session.lost is not None:
-                    self._record_lost(session)
-                elif session.action is StepAction.RECORD:
-                    # Also after a KeyboardInterrupt inside stop(): what was recorded is written,
-                    # or its failure recorded, never dropped silently.
-                    self._queue_write(session)
-                with self.lock:  # queued first: a hook started now waits for this write
-                    self._stopping = False
-                    deferred, self._deferred_finishes = self._deferred_finishes, []
-                # Hooks deferred while this trace recorded: their threads wait for its write.
-                self._start_hooks(deferred)
+                # (In a forked child, a block it inherited: nothing; the parent writes its trace.)
+                self.slot.stop(session, self._hand_over)
+            finally:  # also after a Ctrl-C inside torch's stop
+                # Hooks deferred while this trace recorded (it is queued first: their threads
+                # wait for its write).
+                self.start_deferred_hooks()
         except Exception as exc:  # never let profiling replace the user's exception or result
-            self._warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", TorchstepProfWarning)
+            self.warn_once("stop", f"torchstep_prof: stopping or writing a trace failed: {exc!r}", TorchstepProfWarning)
+
+    def _hand_over(self, session: TraceSession) -> None:
+        # The export runs beside the next profiler: see writing/writer.py.
+        _store().add_costs(start_s=session.start_s, stop_s=session.stop_s)
+        if session.lost is not None:
+            self._record_lost(session)
+        elif session.action is StepAction.RECORD:
+            # Also after a KeyboardInterrupt inside stop(): what was recorded is written, or its
+            # failure recorded, never dropped silently.
+            self._queue_write(session)
 
     def _queue_write(self, session: TraceSession) -> None:
         hook_scope: Optional[HookScope] = session.hook_scope
@@ -291,63 +230,31 @@ class Engine:
     def drop_running_trace(self) -> None:
         """Let the trace recording now end without a file (``torchstep-prof run`` drops a step
         that no optimizer step ended: it is not a step's trace)."""
-        session = self.session
+        session = self.slot.session
         if session is not None:
             session.action = StepAction.WARMUP  # recorded, stopped, not written
 
     def _record_lost(self, session: TraceSession) -> None:
-        warn(f"torchstep_prof: trace of step {session.step} not written: {session.lost}", ForeignProfilerWarning, stacklevel=4)
-        if session.action is StepAction.RECORD:
-            session.record_unwritten(session.lost)
-
-    def _foreign_profiler_running(self) -> bool:
-        """Someone else's profiler records or warms up somewhere in the process (the caller
-        holds the busy state, so none of ours runs): a second Kineto session would crash theirs
-        at its exit. Warned about once."""
-        reason = foreign_profiler()
-        if reason is None:
-            return False
-        self._warn_once(
-            "foreign",
-            f"torchstep_prof: {reason}; torchstep_prof starts no profiler of its own while it runs "
-            "(a second Kineto session would crash it): regions run unprofiled meanwhile",
+        warn(
+            f"torchstep_prof: trace of step {session.step} not written: {session.lost}",
             ForeignProfilerWarning,
+            stacklevel=6,
         )
-        return True
-
-    def _set_idle(self) -> None:
-        with self.lock:
-            self._busy = False
+        if session.action is StepAction.RECORD and session.lost is not None:
+            session.record_unwritten(session.lost)
 
     def warm_up(self, contents: tuple[str, ...] = ()) -> None:
         """Pay torch.profiler's one-time start-up costs now, outside any step, instead of inside
-        the first profiled one: ~1 s for the first start (torch imports torch._inductor), and
-        the first recorded range, stop and export (lazy initialisation in Kineto)."""
-        if self.warmed or self.forked:
-            return
-        with self.lock:
-            if self.session is not None or self._busy:  # another thread is profiling: later
-                return
-            self._busy = True
-        try:
-            if not self._foreign_profiler_running():
-                self._warm_up_now(contents)
-        finally:
-            self._set_idle()
+        the first profiled one (see :meth:`ProfilerSlot.warm_up`)."""
+        self.slot.warm_up(contents)
 
-    def _warm_up_now(self, contents: tuple[str, ...]) -> None:
-        # The caller holds the engine's busy state: no other profiler starts or stops meanwhile.
-        if self.warmed or foreign_profiler() is not None:
-            return
-        self.warmed = True
-        t0 = time.perf_counter()
-        from .recording.warm_up import warm_up_profiler
-
-        warm_up_profiler(contents)
+    def _warmed(self, t0: float) -> None:
+        # The slot's warm-up ran: import the exit work's modules, start the writer (~10 ms when
+        # the first trace ends otherwise), and count the whole as the warm-up's cost.
         from .summary.exit_table import import_exit_modules
 
         import_exit_modules()
-        self.writer.start()  # made and started now, not when the first trace ends (~10 ms)
+        self.writer.start()
         _store().add_costs(warmup_s=time.perf_counter() - t0)
 
     # --- scopes and the finish hook ----------------------------------------------------------
@@ -355,14 +262,14 @@ class Engine:
     def prepare(self, frame: Frame) -> None:
         """A scope was entered: register the exit work, load the package's names (regions may
         profile from here on) and warm the profiler up if this rank may profile under it."""
-        if frame.idle or self.forked:
+        if frame.idle or self.slot.forked:
             return
         self.ensure_atexit()
         from . import _load_every_name
 
         _load_every_name()
-        if not self.warmed and not self.warm_up_deferred and frame.rank_selected():
-            self.warm_up(frame.config.contents)
+        if not self.slot.warmed and not self.warm_up_deferred and frame.rank_selected():
+            self.slot.warm_up(frame.config.contents)
 
     def scope_exited(self, frame: Frame, parent: Frame) -> None:
         open_blocks.end_under(frame)  # steps begun under it and left open end with it
@@ -373,12 +280,12 @@ class Engine:
             if frame.hook_scope is not None and frame.hook_scope is not parent.hook_scope:
                 self.finish(frame.hook_scope, frame.config)
             if frame.schedule_scope is not parent.schedule_scope:
-                self._report_missed(frame)
+                self.report_missed(frame)
 
-    def _report_missed(self, frame: Frame) -> None:
+    def report_missed(self, frame: Frame) -> None:
         """The schedule ``frame`` introduced is over: note its selected steps that never ran."""
         scope = frame.schedule_scope
-        if scope is None or frame.idle or self.forked or not frame.rank_selected():
+        if scope is None or frame.idle or self.slot.forked or not frame.rank_selected():
             return
         missed = scope.missed()
         if missed:
@@ -391,18 +298,25 @@ class Engine:
             if scope.finished:
                 return
             scope.finished = True
-        if self.forked:
+        if self.slot.forked:
             return
         with _rearmed_on_interrupt([(scope, where)]):
             self.ensure_atexit()  # a process that only ran a hook prints its summary too
             self.summary_wanted = scope.config.summary
-            with self.lock:
-                if self.session is not None or self._stopping:
+            with self.slot.lock:
+                if self.slot.busy:
                     # A trace is recording (a step inside a profiled region, another thread's
                     # trace) or stopping: the hook starts once it is on disk (stop_session).
                     self._deferred_finishes.append((scope, where))
                     return
             self._start_hooks([(scope, where)])
+
+    def start_deferred_hooks(self) -> None:
+        """Start the hooks deferred while a trace recorded or stopped (it is queued now, or it
+        never ended: interpreter exit)."""
+        with self.slot.lock:
+            deferred, self._deferred_finishes = self._deferred_finishes, []
+        self._start_hooks(deferred)
 
     def _start_hooks(self, finished: list[tuple[HookScope, Any]]) -> None:
         if not finished:
@@ -413,6 +327,8 @@ class Engine:
             for scope, where in finished:
                 finish(scope, where, self.writer.flush)
 
+    # --- the process ---------------------------------------------------------------------------
+
     def ensure_atexit(self) -> None:
         """Register the at-exit work (pending files, the environment's hook, the summary) once."""
         if not self._atexit_registered:
@@ -421,10 +337,28 @@ class Engine:
 
             atexit.register(functools.partial(at_exit, self))
 
-    def _warn_once(self, key: str, message: str, category: type[Warning]) -> None:
+    def flush_pending_writes(self) -> None:
+        """Wait for the traces queued so far (without counting the wait as a cost)."""
+        if self._writer is not None:
+            self._writer.flush(count=False)
+
+    def after_fork_in_child(self) -> None:
+        """A DataLoader worker inherits the parent's state, maybe a running profiler: it writes
+        nothing, runs no hook and prints no summary."""
+        if self.slot.after_fork_in_child():  # Kineto ran here: its exit would hang
+            from ._fork import exit_without_destructors
+
+            exit_without_destructors()
+        self._deferred_finishes = []
+        if self._writer is not None:
+            self._writer.forget_after_fork()
+
+    def warn_once(self, key: str, message: str, category: type[Warning], stacklevel: int = 4) -> None:
+        """Warn with ``message`` the first time ``key`` comes up in this process."""
         if key not in self._warned:
             self._warned.add(key)
-            warn(message, category, stacklevel=4)
+            warn(message, category, stacklevel=stacklevel)
+
 
 @contextlib.contextmanager
 def _rearmed_on_interrupt(finished: list[tuple[HookScope, Any]]) -> Iterator[None]:
@@ -458,13 +392,5 @@ def _metrics_started(config: Any) -> None:
 
 
 when_metrics_start(_metrics_started)
-
-
-def _after_fork_in_child() -> None:
-    from .process_exit import after_fork_in_child
-
-    after_fork_in_child(ENGINE)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_in_child(steps.forget_after_fork)
+at_fork_in_child(ENGINE.after_fork_in_child)

@@ -1,27 +1,47 @@
-"""What interpreter exit and a fork do to the profiling engine.
+"""What interpreter exit does to the profiling engine, through the engine's public methods.
 
-At exit: the steps begun and never ended end, a trace still recording is stopped and written
-(or, in another thread, reported lost), the pending files are written, the environment's hook
-and deferred hooks run and are waited for, and the summary prints. In a forked child (a
-DataLoader worker) the inherited engine is made inert: it writes nothing, runs no hook, prints
-no summary. A companion of ``engine.py``: it works on the engine's own state.
+The steps begun and never ended end, a trace still recording is stopped and written (or, in
+another thread, reported lost), the pending files are written, the environment's hook and
+deferred hooks run and are waited for, and the summary prints. (What a fork does is
+``Engine.after_fork_in_child``: the inherited engine is made inert.)
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Optional, Protocol
 
-from .selection import open_blocks
 from .errors import TorchstepProfWarning, TraceWriteWarning, warn
-from .selection.frames import env_hook_scope, frame_if_read
+from .recording.slot import OwnedTrace
+from .selection import open_blocks
+from .selection.frames import Frame, HookScope, env_hook_scope, frame_if_read
 from .selection.rules import StepAction
-from .recording.session import NESTED_FAST_PATH
 
-# The engine (engine.Engine) comes as an argument: this module is imported by it.
-Engine = Any
 
-__all__ = ["after_fork_in_child", "at_exit", "close_open_blocks"]
+class Engine(Protocol):
+    """What the exit work uses of ``engine.Engine`` (its public methods; the engine imports
+    this module, so it is not imported here)."""
+
+    summary_wanted: bool
+
+    @property
+    def forked(self) -> bool: ...
+
+    @property
+    def owner(self) -> Optional[OwnedTrace]: ...
+
+    def report_missed(self, frame: Frame) -> None: ...
+
+    def warn_once(self, key: str, message: str, category: type[Warning], stacklevel: int = 4) -> None: ...
+
+    def finish(self, scope: HookScope, where: Any = None) -> None: ...
+
+    def start_deferred_hooks(self) -> None: ...
+
+    def flush_pending_writes(self) -> None: ...
+
+
+__all__ = ["at_exit", "close_open_blocks"]
 
 
 def close_open_blocks(engine: Engine) -> None:
@@ -30,25 +50,24 @@ def close_open_blocks(engine: Engine) -> None:
     a schedule still in force (the environment's, or a scope never exited)."""
     try:
         open_blocks.end_all()
-        owner = engine._owner
+        owner = engine.owner
         if owner is not None and owner.session.owner_thread == threading.get_ident():
             owner.__exit__(None, None, None)
         elif owner is not None:
-            _lose_at_exit(engine, owner)
+            _lose_at_exit(owner)
         frame = frame_if_read()
         if frame is not None:
-            engine._report_missed(frame)
+            engine.report_missed(frame)
     except Exception as exc:  # the exit code and the rest of the exit work come first
-        engine._warn_once("exit", f"torchstep_prof: ending open blocks at exit failed: {exc!r}", TorchstepProfWarning)
+        engine.warn_once("exit", f"torchstep_prof: ending open blocks at exit failed: {exc!r}", TorchstepProfWarning)
 
-def _lose_at_exit(engine: Engine, owner: Any) -> None:
+
+def _lose_at_exit(owner: OwnedTrace) -> None:
     """A trace still recording at exit in another thread (a daemon thread inside a region):
     torch stops a profiler only in the thread that started it (from here its session is not
     found, and the export crashes), so it is lost: said once, and a row of the summary."""
-    with engine.lock:
-        if owner._done:
-            return
-        owner._done = True  # a late exit of its block in that thread must not stop it now
+    if not owner.claim():  # a late exit of its block in that thread must not stop it now
+        return
     session = owner.session
     thread = next((t.name for t in threading.enumerate() if t.ident == session.owner_thread), None)
     where = f"thread {thread!r}" if thread is not None else f"thread {session.owner_thread}"
@@ -58,7 +77,9 @@ def _lose_at_exit(engine: Engine, owner: Any) -> None:
     if session.action is StepAction.RECORD:
         session.record_unwritten(reason)
 
+
 def at_exit(engine: Engine) -> None:
+    """The engine's interpreter-exit work (registered by ``Engine.ensure_atexit``)."""
     if engine.forked:
         return
     try:
@@ -67,9 +88,7 @@ def at_exit(engine: Engine) -> None:
         scope = env_hook_scope()
         if scope is not None:
             engine.finish(scope)
-        with engine.lock:
-            deferred, engine._deferred_finishes = engine._deferred_finishes, []
-        engine._start_hooks(deferred)  # a trace still open at exit: its hooks run now
+        engine.start_deferred_hooks()  # a trace still open at exit: its hooks run now
         from .hook.finishing import wait_at_exit
 
         wait_at_exit()
@@ -78,10 +97,10 @@ def at_exit(engine: Engine) -> None:
 
         print_summary_at_exit(engine.summary_wanted)
 
+
 def _flush_at_exit(engine: Engine) -> None:
     try:
-        if engine._writer is not None:
-            engine._writer.flush(count=False)
+        engine.flush_pending_writes()
     except KeyboardInterrupt:
         # Ctrl-C while the last traces are written: the exit work still waits for them (the
         # summary's records()); a second Ctrl-C there exits without them (summary/exit_table.py).
@@ -91,20 +110,3 @@ def _flush_at_exit(engine: Engine) -> None:
             TraceWriteWarning,
             stacklevel=2,
         )
-
-
-def after_fork_in_child(engine: Engine) -> None:
-    # A DataLoader worker inherits the parent's state, maybe a running profiler: it must
-    # write nothing, run no hook and print no summary.
-    if engine.warmed or engine.session is not None:  # Kineto ran here: its exit would hang
-        from ._fork import exit_without_destructors
-
-        exit_without_destructors()
-    engine.forked = True
-    engine.session = engine._owner = None
-    NESTED_FAST_PATH.frame = NESTED_FAST_PATH.thread = None
-    engine._busy = engine._stopping = False
-    engine._deferred_finishes = []
-    engine.lock = threading.Lock()
-    if engine._writer is not None:
-        engine._writer.forget_after_fork()

@@ -4,8 +4,7 @@ These are the hot path: users leave them around every stage of every step. When 
 profiled (no schedule in force, or profiling disabled) a region reads one context variable and
 one attribute, and returns. ``profile_region`` is the one place that decides what a region does
 (a range in a running trace, nothing, or a trace of its own that the engine starts); a ``step``
-block decides once for the regions inside it. They are classes, not generator context managers
-(~4x cheaper).
+block decides once for the regions inside it. Why the code looks as it does: docs/hot-path.md.
 """
 
 from __future__ import annotations
@@ -18,12 +17,13 @@ from typing import Any, Callable, Optional, TypeVar
 from . import engine as _engine
 from .selection import frames as _frames
 from .selection import open_blocks as _open_blocks
+from .selection import steps as _steps
 from .triggers import watcher as _watcher
 from ._wrapping import around_each_call
 from .region_metrics import recorder as _recorder
 from .recording.range_names import RANGE_NAMES as _RANGE_NAMES
 from .recording.range_names import range_name
-from .recording.session import NESTED_FAST_PATH as _NESTED
+from .recording.slot import NESTED_FAST_PATH as _NESTED
 from .recording.session import new_range
 from .topology import group_registry
 from .traces.names import sanitize_label
@@ -40,11 +40,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 class _IdleRegion:
     """What ``profile_region`` returns when nothing can be profiled: a shared no-op.
 
-    Its ``__exit__`` is a C callable, not a Python method: ``"".format``, stored as a
-    staticmethod, takes whatever arguments it gets (``with`` passes the exception triple,
-    ``ExitStack`` the region too) and returns ``""``, falsy, so an exception in the block
-    propagates; no Python frame of ours runs there. ``__enter__`` stays a method, since
-    ``ExitStack.enter_context`` calls it with the region and ``as`` must get the region.
+    Its ``__exit__`` is a C callable (docs/hot-path.md, "C callables as __enter__ / __exit__").
+    ``__enter__`` stays a method, since ``ExitStack.enter_context`` calls it with the region and
+    ``as`` must get the region.
     """
 
     __slots__ = ()
@@ -55,19 +53,19 @@ class _IdleRegion:
 
 
 _IDLE_REGION = _IdleRegion()
-# Bound by assignment, not by `from ... import`: Python 3.11 compiles `name.method(...)` on a name
-# its module imported as an attribute load that makes and drops a bound method on every call
-# (~0.15 us each, a sixth of what a not-profiled region may cost); on these names it is a method call.
+# Bound by assignment, not by `from ... import`: see docs/hot-path.md, "Bind by assignment".
 ENGINE = _engine.ENGINE
-CURRENT_STEP = _engine.CURRENT_STEP  # the step block in force: CURRENT_STEP.get(None)
+_SLOT = ENGINE.slot  # its .session: the trace recording now, if any
+CURRENT_STEP = _steps.CURRENT_STEP  # the step block in force: CURRENT_STEP.get(None)
 _STACK = _frames._STACK  # the innermost scope frame: _STACK.get(_ROOT)
-_COUNTERS = ENGINE.counters  # role -> stage -> counter: read on every counted region
+_COUNTERS = _steps.COUNTERS  # role -> stage -> counter: read on every counted region
 _GROUPS = group_registry()  # its _default_pg: the group a frame's rank decision holds for
 _ON_DEMAND = _watcher.ON_DEMAND  # its .watcher: None unless a scope opted in to on-demand traces
 _Timed = _recorder.TimedRegion  # metrics on: a region timed, not profiled
 _TimedInner = _recorder.TimedInner  # metrics on: a range or a trace, timed
 _perf = _recorder._perf
 _record_step = _recorder.record_step
+_count = _steps.count  # the next number of (role, stage)'s counter
 
 
 class _Region:
@@ -129,7 +127,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             return new_range(_RANGE_NAMES[role][stage])
         except KeyError:
             pass
-    session = ENGINE.session
+    session = _SLOT.session
     if session is not None:
         if frame.metrics is not None:  # (never the nested fast path's frame: the engine sees to it)
             inner = _in_trace(frame, session, role, stage, step)
@@ -138,7 +136,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
         if frame.disabled:
             return _IDLE_REGION
         if step is None and not frame.idle and CURRENT_STEP.get(None) is None:
-            ENGINE.count(role, stage)  # counters count every entry under a schedule (only)
+            _count(role, stage)  # counters count every entry under a schedule (only)
         return ENGINE.range_in(session, role, stage)
     if frame.quiet:  # nothing to profile, metrics off
         return _IDLE_REGION
@@ -175,11 +173,11 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
                 step = next(_COUNTERS[role][stage])
             except KeyError:  # labels are checked when the counter is made
                 _check_labels(role, stage)
-                step = ENGINE.count(role, stage)
+                step = _count(role, stage)
     elif frame.label_checks > 0:  # step=: the first regions under a frame check their labels
         frame.label_checks -= 1
         _check_labels(role, stage)
-    # Frame.action(step), inline (a call costs a sixth of what a region may): the schedule's
+    # Frame.action(step), inline (docs/hot-path.md, "Decisions inlined and cached"): the schedule's
     # explicit set or cycle, then the rank decision the frame keeps with the process group it
     # was made under. tests/test_selection.py checks the two agree.
     explicit = frame.explicit_steps
@@ -190,7 +188,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
     else:
         first, end, action = frame.cycle_run
         if not first <= step < end:
-            first, end, action = frame.cycle_run = frame.cycle.run_of(step)
+            first, end, action = frame.cycle_run = frame.cycle.run_of(step)  # type: ignore[union-attr]
         if action is _NONE:
             return _IDLE_REGION
     if frame.rank_group is not _GROUPS._default_pg:
@@ -206,7 +204,7 @@ def _in_trace(frame: Frame, session: Any, role: str, stage: str, step: Optional[
     if frame.disabled:
         return _IDLE_REGION
     if step is None and not frame.idle and CURRENT_STEP.get(None) is None:
-        ENGINE.count(role, stage)
+        _count(role, stage)
     return ENGINE.range_in(session, role, stage)
 
 
@@ -227,7 +225,7 @@ def _decided(frame: Frame, role: str, stage: str, step: Optional[int]) -> Any:
                 return _Region(frame, role, stage, step, current.action)
         else:
             _check_labels(role, stage)
-            step = ENGINE.count(role, stage)
+            step = _count(role, stage)
     elif frame.label_checks > 0:
         frame.label_checks -= 1
         _check_labels(role, stage)
@@ -290,7 +288,7 @@ class step:
         # Regions of a skipped step return at once, except in the first steps a schedule sees:
         # those take the full path once, so a bad label fails early, not on a profiled step.
         self.skip_frame = frame if self.action is _NONE and frame.labels_seen_enough() else None
-        if ENGINE.session is not None:
+        if _SLOT.session is not None:
             ENGINE.step_began_in_trace(self.number)
         self._token = CURRENT_STEP.set(self)
         try:
@@ -317,7 +315,7 @@ class step:
         if self._t0 is not None:
             _record_step(_perf() - self._t0)
         try:
-            if ENGINE.session is not None:
+            if _SLOT.session is not None:
                 ENGINE.step_ending(self)
             if self._owned is not None:
                 self._owned.__exit__(exc_type, exc, tb)
@@ -392,7 +390,7 @@ def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:
         sanitize_label(label, "stage")
         return around_each_call(  # type: ignore[no-any-return]
             fn,
-            functools.partial(profile_region, role, label),  # C-level: no Python frame per call
+            functools.partial(profile_region, role, label),  # no Python frame: docs/hot-path.md
             "@profiled",
             "Put `with profile_region(...)` inside the loop that consumes it.",
             idle=_IDLE_REGION,

@@ -17,7 +17,14 @@ from typing import Any, Iterator, Optional, Sequence, Union, cast
 
 from ._wrapping import around_each_call
 from .config._scope_fields import evolve_checked
-from .config.model import DEFAULT_BUCKETS, FinishHookConfig, MetricsConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
+from .config.model import (
+    DEFAULT_BUCKETS,
+    FinishHookConfig,
+    MetricsConfig,
+    OnDemandConfig,
+    ProfilerConfig,
+    ScheduleConfig,
+)
 from .engine import ENGINE
 from .triggers import watcher as _watcher
 from .errors import ConfigError, Problem
@@ -100,6 +107,7 @@ def _pushed(fields: dict[str, Any] | ProfilerConfig) -> Iterator[ProfilerConfig]
 # applied exactly once on top of it (never to an already-overridden config).
 _CODE_CONFIG: contextvars.ContextVar[ProfilerConfig] = contextvars.ContextVar("torchstep_prof_code_config")
 
+
 def effective_config() -> ProfilerConfig:
     """The configuration a region entered here would use (scopes and environment applied).
 
@@ -140,7 +148,9 @@ def schedule(
     return _Scope({"schedule": config})
 
 
-def ranks(*ranks: Union[int, Sequence[int]], all_ranks: bool = False) -> contextlib.AbstractContextManager[ProfilerConfig]:
+def ranks(
+    *ranks: Union[int, Sequence[int]], all_ranks: bool = False
+) -> contextlib.AbstractContextManager[ProfilerConfig]:
     """Profile on chosen global ranks (default: rank 0), or on every rank.
 
     >>> import torchstep_prof as tsp
@@ -240,7 +250,12 @@ def metrics(
     ...         pass
     """
     try:
-        config = MetricsConfig(port=port, addr=addr, buckets=tuple(buckets) if isinstance(buckets, (list, tuple)) else buckets, enable=enable)
+        config = MetricsConfig(
+            port=port,
+            addr=addr,
+            buckets=tuple(buckets) if isinstance(buckets, (list, tuple)) else buckets,
+            enable=enable,
+        )
     except ConfigError as exc:  # metrics.port, as the config file names it
         raise exc.under("metrics") from None
     return _Scope({"metrics": config})
@@ -267,8 +282,9 @@ def configure(
         except ConfigError as exc:
             problems += exc.problems
     elif not isinstance(config, ProfilerConfig):
-        problems.append(Problem("config", f"must be a ProfilerConfig, the path of a config file or None "
-                                          f"(got {config!r})"))
+        problems.append(
+            Problem("config", f"must be a ProfilerConfig, the path of a config file or None (got {config!r})")
+        )
     if problems:  # the fields are still checked, against the defaults, for the same error
         evolve_checked(ProfilerConfig(), fields, problems)
     loaded = cast(ProfilerConfig, config)  # anything else was reported above

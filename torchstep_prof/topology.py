@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional
 import attrs
 
 from .integrations._ray_rank import warn_if_ray_actor_without_rank
+from ._fork import at_fork_in_child
 from .errors import warn
 
 __all__ = ["Topology", "current_topology", "default_group", "group_registry"]
@@ -209,5 +210,4 @@ def _forget_cache() -> None:
     _cached = None
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_cache)
+at_fork_in_child(_forget_cache)

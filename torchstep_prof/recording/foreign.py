@@ -103,7 +103,7 @@ def disturbed_since(state: tuple[Any, ...]) -> Optional[tuple[str, bool]]:
 def _tracker_registered() -> bool:
     tracker = getattr(_autograd_profiler, "KinetoStepTracker", None)
     steps = getattr(tracker, "_step_dict", None)
-    return bool(steps) and _STEP_KEY in steps
+    return steps is not None and _STEP_KEY in steps
 
 
 def _classes() -> tuple[type, type]:

@@ -10,7 +10,7 @@ from ..traces.names import range_label, sanitize_label
 
 __all__ = ["RANGE_NAMES", "range_name"]
 
-# role -> stage -> range name (two lookups of interned strings beat building a tuple key)
+# role -> stage -> range name (docs/hot-path.md, "Two lookups of interned strings")
 RANGE_NAMES: dict[str, dict[str, str]] = {}
 
 

@@ -16,7 +16,8 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, record_function
+from torch.profiler import profile as Profile  # (the class has a ``profile`` property)
 
 from .foreign import disturbed_since, kineto_recording, mark_own, new_own_profile, profiles_state, settle_own_profile
 from .spans import SpanLog, ThreadSpan, running_task
@@ -29,7 +30,7 @@ from ..topology import Topology, distributed_initialized
 if TYPE_CHECKING:
     from ..summary.records import TraceRecord
 
-__all__ = ["NESTED_FAST_PATH", "TraceSession", "entered", "new_range", "profiler_kwargs"]
+__all__ = ["TraceSession", "entered", "new_range", "profiler_kwargs"]
 
 FUSED_STAGE = "train"
 FUSED_DEFAULT_ROLE = "main"
@@ -37,29 +38,12 @@ _MAX_FUSED_ROLE = 100  # with a stage of at most 80 (traces/names.py MAX_LABEL):
 METADATA_KEY = "torchstep_prof"
 INTERRUPTED_STOP = "interrupted by Ctrl-C while torch stopped the profiler, which lost what it recorded"
 
-try:  # A private torch API, ~10x cheaper than record_function; the public one is the fallback.
-    from torch._C._profiler import _RecordFunctionFast as _FastRange
+# ``new_range(name)``: a range for the running trace, as a context manager not yet entered.
+new_range: Any
+try:  # A private torch API (docs/hot-path.md, "torch's fast range"); the public one is the fallback.
+    from torch._C._profiler import _RecordFunctionFast as new_range
 except ImportError:  # pragma: no cover - depends on the torch build
-    _FastRange = None
-
-
-new_range: Any = _FastRange if _FastRange is not None else record_function
-"""``new_range(name)``: a range for the running trace, as a context manager not yet entered."""
-
-
-class NestedFastPath:
-    """Where a region may skip every check and be a bare torch range: under ``frame`` (the
-    owner's scopes, inside its step block) in ``thread`` (the owner's), while a discrete trace
-    records. Set by the engine when it publishes such a trace, cleared before it stops."""
-
-    __slots__ = ("frame", "thread")
-
-    def __init__(self) -> None:
-        self.frame: Any = None
-        self.thread: Optional[int] = None
-
-
-NESTED_FAST_PATH = NestedFastPath()
+    new_range = record_function
 
 
 def entered(marker: Any) -> Any:
@@ -141,7 +125,7 @@ class TraceSession:
         self.wall_s = 0.0
         self.start_s = 0.0
         self.stop_s = 0.0
-        self._profile: Optional[profile] = None
+        self._profile: Optional[Profile] = None
         self._profiles_at_start: tuple[Any, ...] = ()  # foreign.profiles_state() once started
         self.lost: Optional[str] = None  # why the trace cannot be written (another profiler)
         # Why torch's stop left nothing to export (the writer records it as the trace's failure).
@@ -288,7 +272,7 @@ class TraceSession:
             try:
                 with contextlib.suppress(Exception):
                     self._ranges.close()
-                if not theirs_records:
+                if not theirs_records and prof is not None:
                     with contextlib.suppress(Exception):
                         prof.stop()
             finally:
@@ -305,7 +289,7 @@ class TraceSession:
             finally:
                 self.stop_s = time.perf_counter() - t0
 
-    def _stop_torch(self, prof: profile) -> None:
+    def _stop_torch(self, prof: Profile) -> None:
         try:
             prof.stop()
         except BaseException as exc:
@@ -319,7 +303,7 @@ class TraceSession:
             raise
 
     @property
-    def profile(self) -> Optional[profile]:
+    def profile(self) -> Optional[Profile]:
         return self._profile
 
     def release(self) -> None:
@@ -331,7 +315,7 @@ class TraceSession:
         if inner is not None and hasattr(inner, "kineto_results"):
             inner.kineto_results = None
 
-    def _add_metadata(self, prof: profile) -> None:
+    def _add_metadata(self, prof: Profile) -> None:
         rank, world = self.topology.rank, self.topology.world_size
         if not distributed_initialized():
             # torch writes distributedInfo only with a process group; HTA reads the rank there.

@@ -29,7 +29,7 @@ TASK_TRACK_BASE = 1 << 30
 
 def running_task() -> Any:
     """The asyncio task running in this thread, or None; asks asyncio only when a loop runs
-    here (``_get_running_loop`` is a C call of ~40 ns; ``current_task()`` alone costs ~20x)."""
+    here (docs/hot-path.md, "Cheap questions first")."""
     loop = _get_running_loop()
     return None if loop is None else _current_task(loop)
 
@@ -115,12 +115,12 @@ class SpanLog:
         # A task, or the owner's thread outside its task (a loop callback): never the owner's
         # track, where torch's ranges are.
         key = task if task is not None else ("loop callbacks", threading.get_ident())
-        tid = self._task_tracks.get(key)
-        if tid is None:
-            tid = self._task_tracks[key] = TASK_TRACK_BASE + len(self._task_tracks) + 1
+        track = self._task_tracks.get(key)
+        if track is None:
+            track = self._task_tracks[key] = TASK_TRACK_BASE + len(self._task_tracks) + 1
             label = f"asyncio task {task.get_name()}" if task is not None else "asyncio loop callbacks"
-            self.tracks[tid] = f"{label} in thread {thread.name} (torchstep_prof regions)"
-        return tid
+            self.tracks[track] = f"{label} in thread {thread.name} (torchstep_prof regions)"
+        return track
 
     def events(self, base_ns: int, pid: Optional[int] = None) -> Iterator[bytes]:
         """The spans and their tracks' names as Chrome trace events (JSON, one per item);
@@ -129,7 +129,9 @@ class SpanLog:
         used = {tid for _, tid, _, _ in self.spans}
         for tid, track in self.tracks.items():
             if tid in used:
-                yield json.dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": track}}).encode()
+                yield json.dumps(
+                    {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": track}}
+                ).encode()
         for name, tid, start_ns, end_ns in self.spans:
             event = {
                 "ph": "X",

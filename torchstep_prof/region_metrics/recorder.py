@@ -15,13 +15,14 @@ never mix their start times.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from bisect import bisect_left
 from typing import Any, Iterator, Optional
 
 import attrs
+
+from .._fork import at_fork_in_child
 
 __all__ = ["BOUNDS", "CellStats", "TimedInner", "TimedRegion", "quantile", "record_step", "snapshot"]
 
@@ -191,8 +192,7 @@ def _after_fork_in_child() -> None:
         _folding[0].start()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_in_child(_after_fork_in_child)
 
 
 @attrs.frozen(kw_only=True)

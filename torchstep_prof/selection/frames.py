@@ -264,7 +264,7 @@ def frame_if_read() -> Optional[Frame]:
 def reset_root() -> None:
     """Forget the root frame's reading of the environment (tests that change it in-process)."""
     global _ROOT_RESOLVED, _ENV_HOOK_SCOPE
-    _ROOT.__init__()
+    _RootFrame.__init__(_ROOT)
     _ROOT_RESOLVED = False
     _ENV_HOOK_SCOPE = None
 
@@ -304,6 +304,6 @@ def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: b
 
     frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)
     if config.on_demand is not None:
-        for callback in _ON_DEMAND_FRAMES:
-            callback(frame)
+        for opted_in in _ON_DEMAND_FRAMES:
+            opted_in(frame)
     return frame

@@ -6,10 +6,11 @@ under, or interpreter exit, ends those left open."""
 from __future__ import annotations
 
 import contextvars
-import os
 import sys
 import threading
 from typing import Any, Optional, Protocol
+
+from .._fork import at_fork_in_child
 
 __all__ = ["BegunStep", "begun", "claim", "end_all", "end_under", "opened"]
 
@@ -81,5 +82,4 @@ def _forget_after_fork() -> None:
     _OPEN.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+at_fork_in_child(_forget_after_fork)

@@ -41,8 +41,7 @@ class StepAction(enum.IntEnum):
     RECORD = 2
 
 
-# The members as module names: on Python 3.11 reading ``StepAction.NONE`` costs ~140 ns (the enum
-# class's attribute lookup), a module name ~10 ns, and the region path reads them on every entry.
+# The members as module names, read on every region: docs/hot-path.md, "Enum members as module names".
 NONE, WARMUP, RECORD = StepAction.NONE, StepAction.WARMUP, StepAction.RECORD
 
 
@@ -60,7 +59,7 @@ class _SortedSteps:
 
     def __contains__(self, step: object) -> bool:
         steps = self.steps
-        i = bisect.bisect_left(steps, step)  # type: ignore[arg-type]
+        i = bisect.bisect_left(steps, step)  # type: ignore[call-overload]
         return i < len(steps) and steps[i] == step
 
 

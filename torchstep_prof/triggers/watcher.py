@@ -23,6 +23,7 @@ from collections import deque
 from typing import Any, Optional
 
 
+from .._fork import at_fork_in_child
 from ..config.model import OnDemandConfig
 from ..errors import ConfigError, TorchstepProfWarning, warn
 from ..selection.frames import Frame, frame_if_read, when_a_frame_opts_in
@@ -271,7 +272,6 @@ def _forget_after_fork() -> None:
     ON_DEMAND.watcher = None  # the poll thread is the parent's
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+at_fork_in_child(_forget_after_fork)
 
 when_a_frame_opts_in(watch)
