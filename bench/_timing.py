@@ -315,6 +315,36 @@ def make_mlp_step(width: int = 256, batch: int = 64, layers: int = 3, optimizer:
     return mlp_step
 
 
+
+# A command-line run in a fresh interpreter: its time inside ``main`` and its peak memory (VmHWM,
+# not ru_maxrss: on Linux ru_maxrss keeps the forking parent's peak across exec).
+_CLI_CHILD = """
+import sys, time
+from torchstep_prof.cli import main
+t0 = time.perf_counter()
+code = main(sys.argv[1:])
+seconds = time.perf_counter() - t0
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+sys.stderr.write("BENCH %d %.6f %d\\n" % (code, seconds, hwm * 1024))
+"""
+
+
+def run_cli_measured(*args: str, extra_env: Optional[Mapping[str, str]] = None, timeout: float = 600) -> "tuple[float, int]":
+    """Run ``torchstep-prof ARGS`` in a child interpreter; return (seconds in main, peak bytes)."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ENGINE_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.update(extra_env or {})
+    done = subprocess.run([sys.executable, "-c", _CLI_CHILD, *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)  # fmt: skip
+    line = next((ln for ln in done.stderr.splitlines() if ln.startswith("BENCH ")), None)
+    if line is None or not line.split()[1] == "0":
+        raise RuntimeError(f"{args[0]} failed ({done.returncode}): {done.stderr[-2000:]}")
+    _, _, seconds, peak = line.split()
+    return float(seconds), int(peak)
+
+
 def machine() -> Dict[str, str]:
     """nproc, CPU model, Python and torch versions, date (for RESULTS.md)."""
     import platform

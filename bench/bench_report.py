@@ -18,7 +18,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,23 +25,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _timing  # noqa: E402
-from _timing import ROOT, Report, ratio_stat, stat  # noqa: E402
+from _timing import Report, ratio_stat, stat  # noqa: E402
 
 RANKS, STEPS = 8, 50
 REGIONS = (("rollout", "generate"), ("actor", "compute_log_prob"), ("ref", "compute_log_prob"),
            ("critic", "update"), ("actor", "update"))  # fmt: skip
 SLOW_RANK = 3
 
-# VmHWM, not ru_maxrss: on Linux ru_maxrss keeps the forking parent's peak across exec.
-_CHILD = """
-import sys, time
-from torchstep_prof.cli import main
-t0 = time.perf_counter()
-code = main(sys.argv[1:])
-seconds = time.perf_counter() - t0
-hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-sys.stderr.write("BENCH %d %.6f %d\\n" % (code, seconds, hwm * 1024))
-"""
 
 
 def make_template(folder: str) -> dict:
@@ -90,14 +79,7 @@ def make_folder(folder: str, template: dict, step_count: int = STEPS) -> int:
 
 
 def run_cli(*args: str) -> tuple[float, int]:
-    env = {k: v for k, v in os.environ.items() if k not in _timing.ENGINE_VARIABLES}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    done = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, env=env, timeout=600)
-    line = next((ln for ln in done.stderr.splitlines() if ln.startswith("BENCH ")), None)
-    if line is None or not line.split()[1] == "0":
-        raise RuntimeError(f"{args[0]} failed ({done.returncode}): {done.stderr[-2000:]}")
-    _, _, seconds, peak = line.split()
-    return float(seconds), int(peak)
+    return _timing.run_cli_measured(*args)
 
 
 def run(quick: bool = False) -> Report:
