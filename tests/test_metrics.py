@@ -5,7 +5,10 @@ interpreters for what only a whole process shows (lazy import, a port in use, th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import itertools
+import re
 import socket
 import sys
 import threading
@@ -221,6 +224,49 @@ def test_regions_in_a_profiled_trace_still_count_and_profile_the_same(save_dir, 
         "m-trace_counted_step2_rank0-of-1", "m-trace_update_step2_rank0-of-1"]  # fmt: skip
     update = next(p for p in trace_files(save_dir) if "update" in p.name)
     assert "m-trace/inner" in range_names(load_trace(update))
+
+
+_CASES = itertools.count(1)
+
+
+@pytest.mark.parametrize(
+    ("scope", "steps"),
+    [
+        (lambda: tsp.schedule(wait=1, active=1, repeat=2), [2, 4]),  # a cycle
+        (lambda: tsp.schedule(steps=[3]), [3]),
+        (contextlib.ExitStack, []),  # no schedule: nothing profiled
+    ],
+    ids=["cycle", "list", "no-schedule"],
+)
+@pytest.mark.parametrize("rank", [0, 1], ids=["rank-selected", "rank-not-selected"])
+def test_timed_regions_decide_as_untimed_ones(scope, steps, rank, tmp_path) -> None:
+    """A timed region decides through its own copy of profile_region's rules (regions._decided):
+    the same traces with metrics on as off, by step=, by the counter and inside step blocks."""
+
+    def loop(tag: str) -> None:
+        for n in range(1, 6):
+            with tsp.step(n), tsp.profile_region("m-rule", f"block-{tag}"):
+                pass
+            with tsp.profile_region("m-rule", f"given-{tag}", step=n):
+                pass
+            with tsp.profile_region("m-rule", f"counted-{tag}"):
+                pass
+
+    def written(folder) -> list[str]:
+        if not folder.exists():
+            return []
+        return sorted(re.sub(r"-\d+-o(n|ff)_", "_", p.name.split("_rank")[0]) for p in trace_files(folder))
+
+    off, on = tmp_path / "off", tmp_path / "on"
+    case = next(_CASES)  # counters count per process: fresh stages for each case
+    with scope(), tsp.ranks(rank), tsp.configure(save_path=str(off), summary=False):
+        loop(f"{case}-off")
+    with tsp.metrics(**LOCAL), scope(), tsp.ranks(rank), tsp.configure(save_path=str(on), summary=False):
+        loop(f"{case}-on")
+    tsp.flush()
+    expected = sorted(f"m-rule_{kind}_step{n}" for kind in ("block", "given", "counted") for n in steps)
+    assert written(off) == (expected if rank == 0 else [])
+    assert written(on) == written(off)
 
 
 def test_fused_step_with_threads_in_the_trace(save_dir) -> None:
