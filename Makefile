@@ -14,7 +14,7 @@ FRAMEWORKS := transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 ray==2.60
 LINTERS := ruff==0.17.6 mypy==2.4.1
 LINT := $(VENV)/.installed-lint
 
-.PHONY: example report test lint bench bench-smoke browser prometheus clean
+.PHONY: example report test lint bench bench-smoke browser prometheus valgrind clean
 
 $(BASE): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,14 @@ prometheus:
 	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
 	  || echo "prometheus is not installed: the Prometheus scrape test will be skipped"
 
+# valgrind's callgrind counts the instructions of a step for bench_run's target (bench/_instructions.py):
+# installed through apt-get when running as root; elsewhere that target is not measured, and the
+# counter's own test skips, saying so.
+valgrind:
+	@command -v valgrind >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null; } \
+	  || echo "valgrind is not installed: bench_run counts no instructions"
+
 # After the extras: mypy then checks the integrations against the frameworks' own types, as
 # it does on any machine with them installed.
 $(LINT): $(FULL)
@@ -69,10 +77,10 @@ bench-smoke: $(FULL)
 	$(BIN)/python bench/run_all.py --smoke
 
 # In this order: lint, the bench smoke, then the tests (the prerequisites run left to right).
-test: lint bench-smoke $(FULL) browser prometheus
+test: lint bench-smoke $(FULL) browser prometheus valgrind
 	$(BIN)/python -m pytest
 
-bench: $(BASE)
+bench: $(FULL) valgrind
 	$(BIN)/python bench/run_all.py
 
 clean:
