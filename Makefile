@@ -66,7 +66,7 @@ $(LINT): $(FULL)
 	touch $(LINT)
 
 lint: $(LINT)
-	$(BIN)/ruff check torchstep_prof
+	$(BIN)/ruff check torchstep_prof tests bench examples
 	$(BIN)/ruff format --check torchstep_prof
 	$(BIN)/mypy
 

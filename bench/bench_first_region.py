@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _timing  # noqa: E402
-from _timing import ROOT, Report, Stat, ratio_target, stat  # noqa: E402
+from _timing import ROOT, Report, ratio_target, stat  # noqa: E402
 
 LIMIT = 1.5
 STEPS = 6
@@ -51,7 +51,6 @@ def child(mode: str) -> None:
     """Run in the fresh interpreter: print one JSON line of timings."""
     import contextlib
     import shutil
-    import tempfile
 
     import torch  # noqa: F401  (timed apart: the parent's concern is the loop)
 
@@ -77,7 +76,7 @@ def child(mode: str) -> None:
             scopes.enter_context(tsp.schedule(steps=list(PROFILED)))
         scope_entry = time.perf_counter() - t0
         t0 = time.perf_counter()
-        tsp.step, tsp.profile_region  # first lookup: loads the module (lazy public API)
+        _ = tsp.step, tsp.profile_region  # first lookup: loads the module (lazy public API)
         lookup = time.perf_counter() - t0
         for n in range(1, STEPS + 1):
             t0 = time.perf_counter()

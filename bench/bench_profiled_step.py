@@ -39,7 +39,6 @@ def _empty(folder: str) -> None:
 
 def run(quick: bool = False) -> Report:
     _timing.clean_environment()
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     import torchstep_prof as tsp

@@ -123,7 +123,7 @@ def write_results(reports: list[tuple[str, Report | None, str, float]], path: Pa
                 f"{'PASS' if t.passed else '**FAIL**'} |"
             )
     lines += ["", "## Each script's table", ""]
-    for name, report, output, elapsed in reports:
+    for name, _report, output, elapsed in reports:
         lines += [f"### {name} ({elapsed:.0f} s)", "", "```", output.rstrip(), "```", ""]
     path.write_text("\n".join(lines))
 

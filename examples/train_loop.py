@@ -76,7 +76,7 @@ def train(max_iters: int, batch_size: int = 8, gradient_accumulation_steps: int 
     iter_num = 0
     while True:
         tsp.begin_step(iter_num)  # the one added line: ends the previous step, begins this one
-        for micro_step in range(gradient_accumulation_steps):
+        for _micro_step in range(gradient_accumulation_steps):
             X, Y = get_batch(data, batch_size)
             with tsp.profile_region("trainer", "forward"):  # occurrence 1, then 2, of this step
                 logits, loss = model(X, Y)

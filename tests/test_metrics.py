@@ -134,7 +134,9 @@ def test_regions_steps_and_decorated_calls_are_scraped() -> None:
     assert count(after, "m-plain", "update") == 7
     assert count(after, "m-deco", "work") == 7
     assert count(after, "m-plain", "outside") == 1
-    steps = lambda s: sum(v for (name, _), v in s.items() if name == "torchstep_prof_step_seconds_count")
+    def steps(samples):
+        return sum(v for (name, _), v in samples.items() if name == "torchstep_prof_step_seconds_count")
+
     assert steps(after) - steps(before) == 7
     labels = dict(next(k[1] for k in after if k[0] == "torchstep_prof_region_seconds_count"))
     assert set(labels) == {"role", "stage", "rank", "world_size", "node"}
@@ -219,7 +221,9 @@ def test_regions_in_a_profiled_trace_still_count_and_profile_the_same(save_dir, 
     after = scrape()
     for stage, n in (("update", 4), ("inner", 4), ("counted", 3)):
         assert count(after, "m-trace", stage) - count(before, "m-trace", stage) == n
-    names = lambda folder: sorted(p.name.split("_pid")[0] for p in trace_files(folder))
+    def names(folder):
+        return sorted(p.name.split("_pid")[0] for p in trace_files(folder))
+
     assert names(save_dir) == [n.replace("counted-off", "counted") for n in names(tmp_path / "off")] == [
         "m-trace_counted_step2_rank0-of-1", "m-trace_update_step2_rank0-of-1"]  # fmt: skip
     update = next(p for p in trace_files(save_dir) if "update" in p.name)
@@ -337,9 +341,10 @@ def test_environment_turns_metrics_on_and_the_summary_has_a_line_per_region(tmp_
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert any(l.startswith("metrics actor/update: 10 times, p50 ") and " p90 " in l and " max " in l for l in lines), done.stdout
-    assert any(l.startswith("metrics critic/value: 10 times, p50 ") for l in lines), done.stdout
-    assert any(l.startswith("metrics step: 10 times, p50 ") for l in lines), done.stdout
+    assert any(line.startswith("metrics actor/update: 10 times, p50 ") and " p90 " in line and " max " in line
+               for line in lines), done.stdout  # fmt: skip
+    assert any(line.startswith("metrics critic/value: 10 times, p50 ") for line in lines), done.stdout
+    assert any(line.startswith("metrics step: 10 times, p50 ") for line in lines), done.stdout
 
 
 def test_a_port_in_use_is_one_warning_and_training_goes_on(tmp_path) -> None:

@@ -122,7 +122,7 @@ def test_prometheus_scrapes_per_rank_region_counts_and_step_buckets(prometheus, 
             time.sleep(0.5)
         # Every step is done: wait for a scrape after it (a few 1 s scrape intervals at most).
         wanted = {"0": float(STEPS), "1": float(STEPS)}
-        query = f'sum by (rank) (torchstep_prof_region_seconds_count{{role="actor",stage="update"}})'
+        query = 'sum by (rank) (torchstep_prof_region_seconds_count{role="actor",stage="update"})'
         while True:
             counts = _by_rank(_query(web, query))
             if counts == wanted or time.monotonic() > deadline:

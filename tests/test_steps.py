@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from trace_helpers import by_step, find_range, load_trace, range_names, steps_written, trace_files
+from trace_helpers import load_trace, range_names, steps_written, trace_files
 
 import torchstep_prof as tsp
 from torchstep_prof import parse_trace_name

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -101,7 +100,7 @@ def test_the_main_example_prints_a_summary_matching_the_files_on_disk(tmp_path):
     on_disk = sorted(os.listdir(out))
     assert len(on_disk) == 10  # 5 regions x steps 2 and 3
     assert sorted(files_of(rows, on_disk)) == on_disk
-    for role, stage, step, rank, *_ in rows:
+    for _role, _stage, step, rank, *_ in rows:
         assert step in {"2", "3"} and rank == "0"
     assert "\x1b[" not in result.stdout  # piped to a log: no colour codes
     assert re.search(r"warm-up \d+", result.stdout)

@@ -199,7 +199,6 @@ def test_a_selected_step_waits_for_another_threads_warm_up_instead_of_being_lost
 
     def slow_warm_up(contents):
         warming.set()
-        import time
 
         time.sleep(0.5)
         real(contents)

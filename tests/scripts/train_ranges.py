@@ -66,9 +66,9 @@ def loop(args, model, params, opt, batches) -> None:
                 opt.zero_grad()
             if args.update == "lbfgs":
 
-                def closure():
+                def closure():  # called by this iteration's opt.step: its x, y are the ones meant
                     opt.zero_grad()
-                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    loss = torch.nn.functional.mse_loss(model(x), y)  # noqa: B023
                     loss.backward()
                     return loss
 

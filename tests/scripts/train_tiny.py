@@ -9,7 +9,6 @@ as JSON: the tests compare it with a plain ``python`` run.
 
 import argparse
 import json
-import os
 import sys
 
 import torch
