@@ -354,6 +354,10 @@ def test_ctrl_c_while_torch_stops_a_big_trace_leaves_profiling_on_and_every_step
 
 _WRITING_AT_EXIT = """
 import atexit, sys, torch, torchstep_prof as tsp
+# torch._dynamo's at-exit callback (which imports, ~100 ms under load) registered before ours, so
+# it runs after our exit work, not between the "exiting" line and it where a Ctrl-C meant for
+# our wait would land in torch's callback (the profiler's warm-up imports it otherwise).
+import torch._dynamo.utils
 # Scopes never exited: the write finishes at interpreter exit. The trace is big enough (~10 MB
 # gzipped) that its write outlasts the test's Ctrl-Cs by ~1 s on a quiet 2-core machine: with a
 # third of it, the write could end between the two Ctrl-Cs and the trace they left was written.
