@@ -276,6 +276,37 @@ def test_ctrl_c_while_waiting_for_the_writer_loses_no_trace_and_lists_none_unfin
     assert {parse_trace_name(p).step for p in hook["listed"]} <= written
 
 
+# --- Ctrl-C at every moment of a region's exit ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mode, span_us", [("discrete", 300), ("discrete", 3000), ("fused", 3000)], ids=["discrete-0.3ms", "discrete-3ms", "fused-3ms"]
+)
+def test_a_ctrl_c_at_any_moment_of_a_profiled_steps_end_leaves_no_profiler_running_and_loses_no_trace(tmp_path, mode, span_us):
+    """A real SIGINT at 200 moments from a region's last line through its exit, torch's stop and
+    past it. Before the Ctrl-C guard, one landing in the exit's first lines (before torch's
+    stop) left torch's profiler running, and every later step joined that dead trace."""
+    save_path = tmp_path / "profile"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "workers" / "ctrl_c_sweep.py"), str(save_path), "200", str(span_us), mode],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    steps = list(range(1, 201))
+    assert outcome["caught"] == steps  # every Ctrl-C reached the training loop, in its own step
+    assert outcome["enabled"] is False
+    assert outcome["records"] == [[step, True, None] for step in steps]  # each step written
+    files = trace_files(save_path)
+    assert sorted(parse_trace_name(p).step for p in files) == steps
+    for path in files:
+        check_trace_file(path)
+    assert temporaries(save_path) == []
+
+
 # --- Ctrl-C while torch stops a big trace ------------------------------------------------------
 
 _CTRL_C_IN_STOP = """

@@ -12,6 +12,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from ._fork import at_fork_in_child
+from .recording.interrupts import interruptible
 
 __all__ = ["HOOKS", "POLL_S", "WRITES", "add", "add_thread", "flush", "wait_for", "wait_for_event"]
 
@@ -32,6 +33,7 @@ POLL_S = 0.005
 """How often a wait in the training thread looks again (see :func:`wait_for_event`)."""
 
 
+@interruptible
 def wait_for_event(event: threading.Event, timeout: Optional[float] = None) -> bool:
     """``event.wait(timeout)``, safe for a Ctrl-C to land anywhere in it.
 

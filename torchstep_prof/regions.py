@@ -315,10 +315,12 @@ class step:
         if self._t0 is not None:
             _record_step(_perf() - self._t0)
         try:
-            if _SLOT.session is not None:
-                ENGINE.step_ending(self)
-            if self._owned is not None:
-                self._owned.__exit__(exc_type, exc, tb)
+            try:
+                if _SLOT.session is not None:
+                    ENGINE.step_ending(self)
+            finally:  # also when a Ctrl-C lands in step_ending: the step's trace always stops
+                if self._owned is not None:
+                    self._owned.__exit__(exc_type, exc, tb)
         finally:
             self._owned = None
             try:

@@ -115,6 +115,7 @@ class TraceSession:
         self.occurrence = 1
         self.step_block: Any = None
         self.left_open = False
+        self.holds_ctrl_c = False  # the main thread started it: see interrupts.py
         self.later_steps: list[int] = []
         # Regions of the owner's thread and asyncio task are torch ranges; any other thread's or
         # task's are spans (torch's ranges are per thread and must nest; tasks interleave).
@@ -248,44 +249,53 @@ class TraceSession:
         self._t0 = now
 
     def stop(self) -> None:
-        """Close the ranges, attach the metadata, stop torch's profiler (always, even on error)."""
+        """Close the ranges, attach the metadata, stop torch's profiler (always, even on error,
+        and also when a Ctrl-C lands anywhere in here)."""
         t0 = time.perf_counter()
         self.wall_s = t0 - self._t0
         prof = self._profile
-        self.spans.stop()  # before the metadata: the roles it names are final from here on
-        if prof is not None and not kineto_recording():
-            # A user's profiler opened and closed inside this trace ended our Kineto session
-            # too ("stopping either turns both off"): stopping or exporting now would crash.
-            self.lost = "another torch profiler started and stopped inside it, which ended its recording"
-            with contextlib.suppress(Exception):
-                self._ranges.close()  # ending a range after Kineto stopped is harmless
-            self.stop_s = time.perf_counter() - t0
-            return
-        disturbed = disturbed_since(self._profiles_at_start) if prof is not None else None
-        if disturbed is not None:
-            # Theirs prepared or started Kineto under ours (a scheduled profile's step() into its
-            # warm-up, one opened inside ours): our session is no longer Kineto's, and exporting
-            # it crashes (rc 139). Never export it; stop it only if theirs does not record yet
-            # (stopping either ends both: their export would crash instead).
-            reason, theirs_records = disturbed
-            self.lost = f"{reason} and took over its recording"
-            try:
+        settled = prof is None  # torch's profiler stopped, or left to the user's that took it over
+        described = False  # the metadata is attached
+        try:
+            self.spans.stop()  # before the metadata: the roles it names are final from here on
+            if prof is not None and not kineto_recording():
+                # A user's profiler opened and closed inside this trace ended our Kineto session
+                # too ("stopping either turns both off"): stopping or exporting now would crash.
+                settled = True
+                self.lost = "another torch profiler started and stopped inside it, which ended its recording"
+                with contextlib.suppress(Exception):
+                    self._ranges.close()  # ending a range after Kineto stopped is harmless
+                return
+            disturbed = disturbed_since(self._profiles_at_start) if prof is not None else None
+            if disturbed is not None:
+                # Theirs prepared or started Kineto under ours (a scheduled profile's step() into
+                # its warm-up, one opened inside ours): our session is no longer Kineto's, and
+                # exporting it crashes (rc 139). Never export it; stop it only if theirs does not
+                # record yet (stopping either ends both: their export would crash instead).
+                settled = True
+                reason, theirs_records = disturbed
+                self.lost = f"{reason} and took over its recording"
                 with contextlib.suppress(Exception):
                     self._ranges.close()
                 if not theirs_records and prof is not None:
                     with contextlib.suppress(Exception):
                         prof.stop()
-            finally:
-                self.stop_s = time.perf_counter() - t0
-            return
-        try:
+                return
             self._ranges.close()
             if prof is not None and self.action is StepAction.RECORD:
                 self._add_metadata(prof)
+                described = True
         finally:
             try:
-                if prof is not None:
-                    self._stop_torch(prof)
+                if prof is not None and not settled:
+                    try:
+                        if self.action is StepAction.RECORD and not described:
+                            # A Ctrl-C landed before the metadata was attached: the file must
+                            # still say whose trace it is (attaching a key again replaces it).
+                            self._ranges.close()
+                            self._add_metadata(prof)
+                    finally:
+                        self._stop_torch(prof)
             finally:
                 self.stop_s = time.perf_counter() - t0
 

@@ -22,6 +22,7 @@ from .. import background
 from ..errors import ForeignProfilerWarning, ProfilerStartWarning, warn
 from ..selection.steps import CURRENT_STEP, next_occurrence
 from .foreign import foreign_profiler
+from .interrupts import HeldCtrlC, hold_ctrl_c, main_trace_began, main_trace_ended
 from .range_names import range_name
 from .session import TraceSession, entered, new_range
 
@@ -89,8 +90,9 @@ class OwnedTrace:
             return True
 
     def __exit__(self, *exc_info: Any) -> None:
-        if self.claim():
-            self._stop(self.session)
+        with hold_ctrl_c():  # a Ctrl-C from here on takes effect once the trace is stopped
+            if self.claim():
+                self._stop(self.session)
 
 
 class ProfilerSlot:
@@ -118,6 +120,19 @@ class ProfilerSlot:
         :class:`OwnedTrace`; or the session another thread started meanwhile; or
         :data:`FOREIGN`; or None when torch failed to start (warned, recorded). ``starting``
         runs once this thread holds the slot, just before torch starts."""
+        # A Ctrl-C from here on takes effect once torch's profiler runs and is published (or
+        # failed to start): never between the two, where nothing would be left to stop it.
+        with hold_ctrl_c() as held:
+            return self._start_held(session, frame, stop, starting, held)
+
+    def _start_held(
+        self,
+        session: TraceSession,
+        frame: Any,
+        stop: Callable[[TraceSession], None],
+        starting: Callable[[], None],
+        held: HeldCtrlC,
+    ) -> Any:
         role, stage, step = session.owner_role, session.owner_stage, session.step
         while True:
             with self.lock:
@@ -131,6 +146,7 @@ class ProfilerSlot:
             # Another thread starting, stopping or warming up a profiler: wait for it (a few ms,
             # ~1 s for a warm-up) rather than lose this selected step's trace. Polled outside the
             # lock, not Condition.wait: a Ctrl-C may land anywhere (see background.wait_for_event).
+            held.deliver_now()  # nothing is taken yet: a Ctrl-C ends the wait
             time.sleep(background.POLL_S)
         if self._foreign_profiler_running():  # none of ours runs (the slot is ours): theirs
             self._set(_IDLE)
@@ -149,7 +165,7 @@ class ProfilerSlot:
                 f"torchstep_prof: the profiler failed to start for {label} step {step} ({exc!r}); "
                 "the block runs unprofiled",
                 ProfilerStartWarning,
-                stacklevel=5,
+                stacklevel=6,
             )
             session.record_unwritten(f"profiler failed to start: {exc!r}")
             return None
@@ -160,12 +176,18 @@ class ProfilerSlot:
         with self.lock:
             # Published only once torch's profiler runs: a region that sees it may open a range.
             self.session, self.owner = session, owner
+            session.holds_ctrl_c = main_trace_began()
             if self.state is _STARTING:
                 self.state = _RECORDING
             if role is not None and current is not None and session.owner_task is None and frame.metrics is None:
                 # Regions nested here, in this thread (outside asyncio), need no counter and no
                 # checks (a timed region is never a bare range).
                 NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
+        if held.noted:
+            # A Ctrl-C came while torch started: the block will not run, and its caller does
+            # not get the trace to stop. Stop it here (as if the Ctrl-C landed at the block's
+            # first line), then the hold's end raises it.
+            owner.__exit__(None, None, None)
         return owner
 
     @staticmethod
@@ -194,6 +216,7 @@ class ProfilerSlot:
         try:
             session.stop()
         finally:
+            main_trace_ended(session.holds_ctrl_c)
             try:
                 hand_over(session)
             finally:

@@ -38,6 +38,7 @@ from .trace_tail import TraceTailError, finish_tail, set_trace_name
 from ..errors import TraceWriteWarning, warn
 from ..traces.names import TraceName, build_trace_name, with_part
 from ..summary.records import STORE, TraceRecord
+from ..recording.interrupts import interruptible
 from ..recording.session import TraceSession
 
 __all__ = ["MAX_PENDING", "TraceWriter", "TraceWriteWarning"]
@@ -194,6 +195,7 @@ class TraceWriter:
                 self._done += 1
                 self._changed.notify_all()
 
+    @interruptible
     def _wait_until(self, target: int, timeout: Optional[float], *, count: bool) -> bool:
         t0 = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
