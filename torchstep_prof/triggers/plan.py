@@ -57,13 +57,13 @@ class Plan:
     """One request being served: its steps, which of them this rank began, and the frame they
     profile under (made at the first step boundary after the request arrived)."""
 
-    def __init__(self, owner: _Owner, request: Request, at_step: Optional[int], entry: dict[str, Any]) -> None:
+    def __init__(self, owner: _Owner, request: Request, entry: dict[str, Any]) -> None:
         self.owner = owner
         self.entry = entry  # this request's line in the status file: its outcome is kept there
         self.request = request
         self.steps = frozenset(request.steps)
         self.last = max(request.steps)
-        self.at_step_read = at_step  # this rank's step when the request was read
+        self.at_step_read: Optional[int] = None  # this rank's step when the request was read (set by the watcher)
         self.seen: set[int] = set()
         self._lock = threading.Lock()
         self._base: Optional[Frame] = None

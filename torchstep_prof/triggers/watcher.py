@@ -157,19 +157,24 @@ class Watcher:
             return
         if request.id in self._served_ids:
             return  # served already (maybe by this rank's earlier poll thread)
-        entry = {"id": request.id, "steps": list(request.steps), "outcome": "pending", "read_at_step": self.step}
+        entry: dict[str, Any] = {"id": request.id, "steps": list(request.steps), "outcome": "pending"}
         self._served.append(entry)
         self._served_ids.add(request.id)
         del self._served[:-MAX_SERVED]
-        self.plan = Plan(self, request, self.step, entry)
+        plan = Plan(self, request, entry)
+        self.plan = plan
+        # The step read after the plan is published: a step that began meanwhile, without
+        # seeing it, is at most this one, so a miss is reported against the right step.
+        plan.at_step_read = entry["read_at_step"] = self.step
         self._write_status()  # its id is recorded before any of its steps can begin
 
     def _rate(self) -> Optional[float]:
-        samples = self._samples
-        if len(samples) < 2:
-            return None
-        (t0, s0), (t1, s1) = samples[0], samples[-1]
-        return max(0.0, (s1 - s0) / (t1 - t0)) if t1 > t0 else None
+        """The fastest step rate between two consecutive polls of the last few: the rule plans
+        for it, so a job that speeds up again after a slow patch (its finish hooks starting, a
+        checkpoint) does not run past the steps chosen for it before it reads the request."""
+        samples = list(self._samples)
+        rates = [(s1 - s0) / (t1 - t0) for (t0, s0), (t1, s1) in zip(samples, samples[1:]) if t1 > t0]
+        return max(0.0, *rates) if rates else None
 
     def _status_path(self) -> tuple[str, Optional[str]]:
         frame = frame_if_read()
