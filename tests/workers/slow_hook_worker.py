@@ -1,8 +1,8 @@
 """A slow finish hook must not make another rank's collective time out (tests/test_hook_background.py).
 
 Run under torchrun with 2 ranks: ``slow_hook_worker.py OUT``. The all-reduces after the steps use
-a gloo group with an 8 s timeout; rank 0's hook sleeps 20 s. Both ranks all-reduce right after
-the step that triggers the hook: with the hook in the training thread, rank 1 would wait 20 s for
+a gloo group with a 15 s timeout; rank 0's hook sleeps 30 s. Both ranks all-reduce right after
+the step that triggers the hook: with the hook in the training thread, rank 1 would wait 30 s for
 rank 0 and time out.
 
 Start-up (the rendezvous, rank 0's profiler warm-up at scope entry: over 5 s on a loaded 2-core
@@ -23,10 +23,10 @@ import torchstep_prof as tsp  # noqa: E402
 
 out = Path(sys.argv[1])
 rank, world = init_group(timeout_s=60.0)
-after_steps = new_group(timeout_s=8.0)  # the timeout a training-thread hook would overrun
+after_steps = new_group(timeout_s=15.0)  # the timeout a training-thread hook would overrun
 marker = out / f"hook-done-rank{rank}"
 with tsp.configure(save_path=str(out / "save"), summary=False), tsp.schedule(steps=[1]), \
-        tsp.ranks(0), tsp.on_finish(f'sleep 20; touch "{marker}"', timeout_s=60):
+        tsp.ranks(0), tsp.on_finish(f'sleep 30; touch "{marker}"', timeout_s=60):
     # In step with rank 1 once rank 0 has paid the profiler's start-up (at scope entry, seconds
     # on a loaded machine; under the default group's 60 s timeout): only the hook could hold
     # rank 0 up from here.
@@ -39,7 +39,7 @@ with tsp.configure(save_path=str(out / "save"), summary=False), tsp.schedule(ste
         all_reduce(total, after_steps)  # right after step 1's exit started rank 0's hook
 result = {"sum": float(total.item()), "hook_done_before_exit": marker.exists()}
 write_result(out, rank, result)
-# Rank 1 exits ~20 s before rank 0 (whose exit waits for the hook): groups left to interpreter
+# Rank 1 exits ~30 s before rank 0 (whose exit waits for the hook): groups left to interpreter
 # teardown abort rank 1 inside gloo ("terminate called without an active exception"): a plain
 # two-rank gloo script without torchstep_prof did so 4 times in 5. Destroyed here, as training
 # scripts should.
