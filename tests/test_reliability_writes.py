@@ -57,6 +57,14 @@ def run_script(script: str, timeout: float = 180, **env: str) -> subprocess.Comp
     )
 
 
+def run_for_outcome(*argv: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run ``python ARGV...`` (a ``-c`` script or a worker); it must exit 0 and print its outcome
+    as JSON on its last line. Returns the result and that outcome."""
+    result = subprocess.run([sys.executable, *argv], env=child_env(), capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    return result, json.loads(result.stdout.strip().splitlines()[-1])
+
+
 # --- a full disk, a file size limit ------------------------------------------------------------
 
 
@@ -252,15 +260,7 @@ print(json.dumps({"caught": caught, "records": [[r.step, r.ok] for r in tsp.reco
 
 def test_ctrl_c_while_waiting_for_the_writer_loses_no_trace_and_lists_none_unfinished(tmp_path):
     save_path, report = tmp_path / "profile", tmp_path / "hook.json"
-    result = subprocess.run(
-        [sys.executable, "-c", _CTRL_C, str(save_path), str(report)],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    result, outcome = run_for_outcome("-c", _CTRL_C, str(save_path), str(report))
     assert outcome["caught"], "no Ctrl-C reached the training loop"
     assert "flush" in outcome["caught"], outcome  # at least one while waiting for the writer
     written = {parse_trace_name(p).step for p in trace_files(save_path)}
@@ -287,15 +287,7 @@ def test_a_ctrl_c_at_any_moment_of_a_profiled_steps_end_leaves_no_profiler_runni
     past it. Before the Ctrl-C guard, one landing in the exit's first lines (before torch's
     stop) left torch's profiler running, and every later step joined that dead trace."""
     save_path = tmp_path / "profile"
-    result = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "workers" / "ctrl_c_sweep.py"), str(save_path), "200", str(span_us), mode],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    _, outcome = run_for_outcome(str(REPO / "tests" / "workers" / "ctrl_c_sweep.py"), str(save_path), "200", str(span_us), mode)
     steps = list(range(1, 201))
     assert outcome["caught"] == steps  # every Ctrl-C reached the training loop, in its own step
     assert outcome["enabled"] is False
@@ -353,15 +345,7 @@ print(json.dumps({
 def test_ctrl_c_while_torch_stops_a_big_trace_leaves_profiling_on_and_every_step_accounted_for(tmp_path):
     save_path = tmp_path / "profile"
     delays = ["0", "0.02", "0.05", "0.1", "0.2", "0.3"]
-    result = subprocess.run(
-        [sys.executable, "-c", _CTRL_C_IN_STOP, str(save_path), *delays],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    result, outcome = run_for_outcome("-c", _CTRL_C_IN_STOP, str(save_path), *delays)
     steps = set(range(1, 2 * len(delays) + 2))
     assert len(outcome["caught"]) == len(delays), outcome  # every Ctrl-C reached the loop
     assert outcome["enabled"] is False
