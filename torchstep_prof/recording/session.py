@@ -249,8 +249,8 @@ class TraceSession:
         self._t0 = now
 
     def stop(self) -> None:
-        """Close the ranges, attach the metadata, stop torch's profiler (always, even on error,
-        and also when a Ctrl-C lands anywhere in here)."""
+        """Close the ranges, attach the metadata, stop torch's profiler (always: also when a
+        step of this raises, with the metadata attached all the same)."""
         t0 = time.perf_counter()
         self.wall_s = t0 - self._t0
         prof = self._profile
