@@ -11,8 +11,9 @@ own Ctrl-C handler is in force:
   very big trace, which is then written instead of lost;
 - while a trace the main thread started records, a Ctrl-C that finds the main thread in
   torchstep_prof's own code (the first lines of a region's exit, say) is held until that trace
-  stops: at the latest, the end of the profiled block or step. One that finds it in the
-  training code is raised at once, as always: the block's exit then stops the trace.
+  stops: the end of the profiled block or step (later only for a region left open across
+  steps, a suspended generator's). One that finds it in the training code is raised at once,
+  as always: the block's exit then stops the trace.
 
 Only the main thread gets signals; a user's own SIGINT handler is left alone, and so are the
 waits a Ctrl-C must be able to end (:func:`interruptible`).
@@ -20,7 +21,8 @@ waits a Ctrl-C must be able to end (:func:`interruptible`).
 
 from __future__ import annotations
 
-import _thread
+import _signal  # signal's C functions: signal.getsignal and signal.signal run Python code (enum
+import _thread  # conversions) where a Ctrl-C could land unguarded
 import os
 import signal
 import threading
@@ -52,23 +54,33 @@ def interruptible(function: F) -> F:
 class _Guard:
     """Process state of the guard: holds open and traces recording on the main thread."""
 
-    __slots__ = ("main_ident", "holds", "traces", "installed", "noted")
+    __slots__ = ("main_ident", "holds", "traces", "noted")
 
     def __init__(self) -> None:
         self.main_ident = threading.main_thread().ident
         self.holds = 0
         self.traces = 0
-        self.installed = False
-        self.noted = False  # a Ctrl-C came during a hold and is not raised yet
+        self.noted = False  # a Ctrl-C held (in a hold, or in our code while a trace records), not raised yet
 
 
 _GUARD = _Guard()
 
 
+def _in_interruptible(frame: Optional[FrameType]) -> bool:
+    # The frame or a caller close above it (a wait's own sleep is C; `Event.is_set` is not).
+    for _ in range(3):
+        if frame is None:
+            return False
+        if frame.f_code in _INTERRUPTIBLE:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _on_sigint(signum: int, frame: Optional[FrameType]) -> None:
     guard = _GUARD
     code = frame.f_code if frame is not None else None
-    if code in _INTERRUPTIBLE or not (guard.holds or guard.traces):
+    if not (guard.holds or guard.traces) or _in_interruptible(frame):
         signal.default_int_handler(signum, frame)
     if guard.holds or (code is not None and code.co_filename.startswith(_PACKAGE_DIR)):
         guard.noted = True  # raised at the end of the hold, or of the trace
@@ -77,27 +89,28 @@ def _on_sigint(signum: int, frame: Optional[FrameType]) -> None:
 
 
 def _engage() -> None:
-    guard = _GUARD
-    if not guard.installed and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    # Whether ours is in force is read from the handler itself, never kept in a flag: a Ctrl-C
+    # may land between setting one and swapping the handler.
+    if _signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         try:
-            signal.signal(signal.SIGINT, _on_sigint)
+            _signal.signal(signal.SIGINT, _on_sigint)
         except ValueError:  # not the main interpreter (only it may set handlers): nothing to guard
-            return
-        guard.installed = True
+            pass
 
 
 def _release() -> None:
-    """On the main thread: give Python's handler back once nothing is held or recording, and
-    raise a noted Ctrl-C once nothing is held."""
+    """On the main thread, once nothing is held: give Python's handler back unless a trace of
+    the main thread still records, else raise a noted Ctrl-C (one noted while a trace records
+    is raised when it stops: raising now could leave it running with nothing to stop it)."""
     guard = _GUARD
-    if guard.holds:
+    if guard.holds or guard.traces:
         return
-    if guard.installed and not guard.traces:
-        guard.installed = False
-        if signal.getsignal(signal.SIGINT) is _on_sigint:  # unless someone installed theirs meanwhile
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-    if guard.noted:
-        guard.noted = False
+    # Taken first: swapping the handler back raises any Ctrl-C still pending, and the noted one
+    # must not outlive that raise (a later hold would raise it again).
+    noted, guard.noted = guard.noted, False
+    if _signal.getsignal(signal.SIGINT) is _on_sigint:  # unless someone installed theirs meanwhile
+        _signal.signal(signal.SIGINT, signal.default_int_handler)
+    if noted:
         raise KeyboardInterrupt
 
 
@@ -136,9 +149,9 @@ class HeldCtrlC:
 
     def __enter__(self) -> HeldCtrlC:
         if _thread.get_ident() == _GUARD.main_ident:
-            _GUARD.holds += 1
+            _engage()  # first: a Ctrl-C raised in here leaves no hold counted
+            _GUARD.holds += 1  # from here on, a Ctrl-C is noted
             self._counted = True
-            _engage()
         return self
 
     @property
@@ -168,9 +181,8 @@ def hold_ctrl_c() -> HeldCtrlC:
 def _forget_in_child() -> None:
     # A forked child (a DataLoader worker) records nothing of ours: Python's handler back.
     global _GUARD
-    installed = _GUARD.installed
     _GUARD = _Guard()
-    if installed and signal.getsignal(signal.SIGINT) is _on_sigint:
+    if signal.getsignal(signal.SIGINT) is _on_sigint:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 

@@ -155,6 +155,7 @@ class ProfilerSlot:
         try:
             if not self.warmed:
                 self._warm_up_now(session.config.contents)
+            held.deliver_now()  # a Ctrl-C so far (in the warm-up, say): torch is not started for it
             session.start()
         except BaseException as exc:
             self._set(_IDLE)

@@ -241,7 +241,11 @@ class StepDriver:
         stack = contextlib.ExitStack()
         self._watch.ignoring = True
         try:
-            stack.enter_context(step(number))
+            # Entered here, not by stack.enter_context: a Ctrl-C between the step's entry and its
+            # exit being pushed then lands in our frame, which holds it (recording/interrupts.py).
+            block = step(number)
+            block.__enter__()
+            stack.push(block.__exit__)
         finally:
             self._watch.ignoring = False
         self._open_step, self._open_number = stack, number
