@@ -320,5 +320,5 @@ def test_a_slow_hook_on_one_rank_does_not_time_out_another_ranks_collective(tmp_
     results = [read_json(tmp_path / f"result_rank{rank}.json") for rank in (0, 1)]
     assert [r["sum"] for r in results] == [2.0, 2.0]  # every all-reduce went through (15 s timeout)
     assert results[0]["hook_done_before_exit"] is False  # the 30 s hook was still running
-    assert (tmp_path / "hook-done-rank0").exists()  # and rank 0's exit waited for it
+    assert (tmp_path / "hook-done-rank0").exists()  # and rank 0 waited for it before leaving
     assert not (tmp_path / "hook-done-rank1").exists()

@@ -39,9 +39,14 @@ with tsp.configure(save_path=str(out / "save"), summary=False), tsp.schedule(ste
         all_reduce(total, after_steps)  # right after step 1's exit started rank 0's hook
 result = {"sum": float(total.item()), "hook_done_before_exit": marker.exists()}
 write_result(out, rank, result)
-# Rank 1 exits ~30 s before rank 0 (whose exit waits for the hook): groups left to interpreter
-# teardown abort rank 1 inside gloo ("terminate called without an active exception"): a plain
-# two-rank gloo script without torchstep_prof did so 4 times in 5. Destroyed here, as training
-# scripts should.
+# Both ranks leave together: rank 0 once its hook is done (flush waits for it), rank 1 in a
+# barrier under the default group's 60 s timeout. A rank that exited ~30 s before the other
+# aborted inside gloo ("terminate called without an active exception") even with its groups
+# destroyed, as below.
+if rank == 0:
+    tsp.flush()
+torch.distributed.barrier()
+# Groups left to interpreter teardown abort a rank inside gloo too: a plain two-rank gloo script
+# without torchstep_prof did so 4 times in 5. Destroyed here, as training scripts should.
 torch.distributed.destroy_process_group(after_steps)
 torch.distributed.destroy_process_group()
