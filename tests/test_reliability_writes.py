@@ -12,9 +12,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 from pathlib import Path
+from typing import IO
 
 import pytest
 import torch
@@ -57,10 +59,23 @@ def run_script(script: str, timeout: float = 180, **env: str) -> subprocess.Comp
     )
 
 
+def python_ctrl_c_handler() -> None:
+    """A child's ``preexec_fn``: Python installs its Ctrl-C handler only where SIGINT is not
+    ignored, and a shell ignores it in the jobs it starts with ``&`` (a test run in the background)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_for_outcome(*argv: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict]:
     """Run ``python ARGV...`` (a ``-c`` script or a worker); it must exit 0 and print its outcome
     as JSON on its last line. Returns the result and that outcome."""
-    result = subprocess.run([sys.executable, *argv], env=child_env(), capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, *argv],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=python_ctrl_c_handler,
+    )
     assert result.returncode == 0, result.stderr
     return result, json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -226,33 +241,38 @@ checker = (
 )
 
 def interrupt_while_writing():
-    # Ctrl-C each time a write is under way (its temporary file exists), at most 3 times.
-    sent = 0
+    # One Ctrl-C into each of the first 3 flush() calls that still waits for a write (its
+    # temporary file exists): a flush here lasts a few tens of ms, so it is watched, not timed.
+    sent, last = 0, None
     while sent < 3 and not done.is_set():
-        if any(n.startswith(".torchstep_prof-partial-") for n in os.listdir(save_path) if os.path.isdir(save_path)):
+        call = flushing
+        if call is not None and call != last and any(
+            n.startswith(".torchstep_prof-partial-") for n in os.listdir(save_path)
+        ):
             os.kill(os.getpid(), signal.SIGINT)
-            sent += 1
-            time.sleep(0.5)
+            sent, last = sent + 1, call
         time.sleep(0.001)
 
 done = threading.Event()
+flushing = None  # the step whose flush() is under way
 os.makedirs(save_path, exist_ok=True)
 threading.Thread(target=interrupt_while_writing, daemon=True).start()
-caught, where = [], "loop"
-steps = [1, 2, 3, 4]
+caught = []
+steps = [1, 2, 3, 4, 5]
 with tsp.configure(save_path=save_path, summary=False), tsp.schedule(steps=steps), \\
         tsp.on_finish([sys.executable, "-c", checker, report], wait=True):
     for n in steps:
         try:
             with tsp.step(n), tsp.profile_region("actor", "update"):
                 x = torch.ones(4)
-                for _ in range(4000):
+                for _ in range(12000):  # a write long enough for a Ctrl-C sent in it to land in it
                     x = x.add(1)
-            where = "flush"
+            flushing = n
             tsp.flush()
-            where = "loop"
+            flushing = None
         except KeyboardInterrupt:
-            caught.append(where)
+            caught.append("flush" if flushing == n else "loop")
+            flushing = None
 done.set()
 print(json.dumps({"caught": caught, "records": [[r.step, r.ok] for r in tsp.records().traces]}))
 """
@@ -393,29 +413,48 @@ atexit.register(print, "exiting", flush=True)  # runs just before torchstep_prof
 
 def interrupt_at_exit(save_path: Path, interrupts: int) -> subprocess.CompletedProcess[str]:
     """Run :data:`_WRITING_AT_EXIT`; once its exit work waits for the big trace's write (a
-    temporary file exists), send it ``interrupts`` Ctrl-Cs, 100 ms apart."""
+    temporary file exists), Ctrl-C it; a second Ctrl-C goes once it says it still waits."""
     child = subprocess.Popen(
         [sys.executable, "-c", _WRITING_AT_EXIT, str(save_path)],
         env=child_env(TORCHSTEP_PROF_SUMMARY="1", COLUMNS="200"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # Python's Ctrl-C handler
+        preexec_fn=python_ctrl_c_handler,
     )
+    # Both pipes read in threads, a character at a time, so the test sees each line as it comes.
+    streams: dict[str, list[str]] = {"stdout": [], "stderr": []}
+
+    def read(name: str, pipe: IO[str]) -> None:
+        while chunk := pipe.read(1):
+            streams[name].append(chunk)
+
+    def wait_for(name: str, text: str) -> None:
+        deadline = time.monotonic() + 60
+        while text not in "".join(streams[name]):
+            assert child.poll() is None and time.monotonic() < deadline, f"no {text!r} in {name}: {streams}"
+            time.sleep(0.001)
+
+    readers = [threading.Thread(target=read, args=(name, getattr(child, name)), daemon=True) for name in streams]
+    for reader in readers:
+        reader.start()
     try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "exiting"
+        wait_for("stdout", "exiting\n")
         time.sleep(0.1)  # into the exit work's wait for the writer
         assert temporaries(save_path), "the write ended before the Ctrl-C"
-        for _ in range(interrupts):
+        child.send_signal(signal.SIGINT)
+        if interrupts == 2:
+            wait_for("stderr", "still waiting for them")
+            assert temporaries(save_path), "the write ended before the second Ctrl-C"
             child.send_signal(signal.SIGINT)
-            time.sleep(0.1)
-        stdout, stderr = child.communicate(timeout=120)
+        child.wait(timeout=120)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
-    return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
+        for reader in readers:
+            reader.join(timeout=10)
+    return subprocess.CompletedProcess(child.args, child.returncode, "".join(streams["stdout"]), "".join(streams["stderr"]))
 
 
 @pytest.mark.parametrize("attempt", range(3))

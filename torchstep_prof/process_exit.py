@@ -82,9 +82,12 @@ def at_exit(engine: Engine) -> None:
     """The engine's interpreter-exit work (registered by ``Engine.ensure_atexit``)."""
     if engine.forked:
         return
+    written = True
     try:
         close_open_blocks(engine)
-        _flush_at_exit(engine)
+        written = _flush_at_exit(engine)
+        if not written:
+            return  # Ctrl-C twice: the user wants out, without hooks or a summary
         scope = env_hook_scope()
         if scope is not None:
             engine.finish(scope)
@@ -93,20 +96,35 @@ def at_exit(engine: Engine) -> None:
 
         wait_at_exit()
     finally:
-        from .summary.exit_table import print_summary_at_exit
+        if written:
+            from .summary.exit_table import print_summary_at_exit
 
-        print_summary_at_exit(engine.summary_wanted)
+            print_summary_at_exit(engine.summary_wanted)
 
 
-def _flush_at_exit(engine: Engine) -> None:
+def _flush_at_exit(engine: Engine) -> bool:
+    """Wait for the traces still being written; ``False`` when a second Ctrl-C gave up on them."""
     try:
         engine.flush_pending_writes()
+        return True
     except KeyboardInterrupt:
-        # Ctrl-C while the last traces are written: the exit work still waits for them (the
-        # summary's records()); a second Ctrl-C there exits without them (summary/exit_table.py).
+        pass
+    # Ctrl-C while the last traces are written: wait on, here (one place for both Ctrl-Cs, so
+    # the second lands in this wait whatever the exit work would have done next).
+    try:
         warn(
             "torchstep_prof: interrupted at exit while traces were still being written; still "
             "waiting for them (Ctrl-C again exits without the traces not yet on disk)",
             TraceWriteWarning,
             stacklevel=2,
         )
+        engine.flush_pending_writes()
+        return True
+    except KeyboardInterrupt:
+        # The next process writing into the folder removes their temporary files.
+        warn(
+            "torchstep_prof: interrupted again at exit; exiting without the traces not yet on disk (no summary)",
+            TraceWriteWarning,
+            stacklevel=2,
+        )
+        return False

@@ -285,12 +285,12 @@ def print_summary_at_exit(wanted: bool) -> None:
     try:
         data = records()  # waits for the traces still being written
     except KeyboardInterrupt:
-        # Ctrl-C (again) while the last traces are written: exit now, saying what is lost (the
-        # next process writing into the folder removes their temporary files).
+        # Ctrl-C while traces are still written (at_exit's own wait handles the usual case, a
+        # Ctrl-C while it flushes): exit now, saying what is lost.
         from ..errors import TraceWriteWarning, warn
 
         warn(
-            "torchstep_prof: interrupted again at exit; exiting without the traces not yet on disk (no summary)",
+            "torchstep_prof: interrupted at exit; exiting without the traces not yet on disk (no summary)",
             TraceWriteWarning,
             stacklevel=2,
         )
