@@ -411,11 +411,11 @@ atexit.register(print, "exiting", flush=True)  # runs just before torchstep_prof
 """
 
 
-def interrupt_at_exit(save_path: Path, interrupts: int) -> subprocess.CompletedProcess[str]:
+def interrupt_at_exit(save_path: Path, interrupts: int, prelude: str = "") -> subprocess.CompletedProcess[str]:
     """Run :data:`_WRITING_AT_EXIT`; once its exit work waits for the big trace's write (a
     temporary file exists), Ctrl-C it; a second Ctrl-C goes once it says it still waits."""
     child = subprocess.Popen(
-        [sys.executable, "-c", _WRITING_AT_EXIT, str(save_path)],
+        [sys.executable, "-c", prelude + _WRITING_AT_EXIT, str(save_path)],
         env=child_env(TORCHSTEP_PROF_SUMMARY="1", COLUMNS="200"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -482,6 +482,29 @@ def test_a_second_ctrl_c_at_exit_exits_without_the_traces_not_yet_written_and_sa
     assert 1 not in [parse_trace_name(p).step for p in trace_files(save_path)]
     # What it left is temporary files only, which the next process writing there removes.
     assert all(name.startswith(TEMP_PREFIX) for name in temporaries(save_path))
+
+
+def test_a_second_ctrl_c_at_exit_leaves_no_finish_hook_running(tmp_path):
+    pid_file = tmp_path / "hook.pid"
+    hook = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    prelude = textwrap.dedent(
+        f"""
+        import sys, time, torch, torchstep_prof as tsp
+        with tsp.configure(save_path=sys.argv[1] + "-early", summary=False), tsp.schedule(steps=[1]), \\
+                tsp.on_finish([sys.executable, "-c", {hook!r}]):
+            with tsp.profile_region("critic", "update", step=1):
+                torch.ones(4).add(1)
+        while not __import__("os").path.exists({str(pid_file)!r}):
+            time.sleep(0.01)
+        """
+    )
+    result = interrupt_at_exit(tmp_path / "profile", 2, prelude)
+    assert "interrupted again at exit" in result.stderr, result.stderr
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower():
+        assert time.monotonic() < deadline, "the finish hook still runs after the second Ctrl-C"
+        time.sleep(0.05)
 
 
 # --- Ctrl-C landing anywhere in a wait for the writer ---------------------------------------------

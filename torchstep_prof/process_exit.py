@@ -86,8 +86,11 @@ def at_exit(engine: Engine) -> None:
     try:
         close_open_blocks(engine)
         written = _flush_at_exit(engine)
-        if not written:
-            return  # Ctrl-C twice: the user wants out, without hooks or a summary
+        if not written:  # Ctrl-C twice: the user wants out, with no summary and no hook left running
+            from .hook.process import kill_running_hooks
+
+            kill_running_hooks()
+            return
         scope = env_hook_scope()
         if scope is not None:
             engine.finish(scope)
