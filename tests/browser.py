@@ -53,6 +53,7 @@ function collect() {
       return {fig: Number(div.dataset.fig), kind: div.className.split(" ")[1],
               card: card ? card.id : "",
               svg: div.querySelectorAll("svg.main-svg").length, bars: bars.length,
+              links: div.querySelectorAll("a").length,
               text: div.textContent,
               rect: [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height]};
     });
@@ -99,8 +100,8 @@ def _run(
 
 def probe_page(page: Path, window: tuple[int, int] = WINDOW) -> dict[str, Any]:
     """What the page drew in Chromium: ``{"errors", "total", "drawn_at_load", "drawn", "charts":
-    [{"fig", "kind",
-    "card", "svg", "bars", "text", "rect"}]}`` (``card``: the id of the chart's card, if any)."""
+    [{"fig", "kind", "card", "svg", "bars", "links", "text", "rect"}]}`` (``card``: the id of the
+    chart's card, if any; ``links``: ``<a>`` elements inside the chart)."""
     text = page.read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory(prefix="tsp-chromium-") as scratch:
         probed = Path(scratch) / "probed.html"

@@ -349,3 +349,39 @@ def test_report_of_fused_traces_draws_each_region_inside_its_step(fused_dir, tmp
     drawn = [c for c in probe["charts"] if c["kind"] == "timeline"]
     assert [c["bars"] for c in drawn] == [12, 12]  # per rank: the step and its five regions
     assert all("actor/update" in c["text"] and "rank 1 pid" in c["text"] for c in drawn)
+
+
+# --- names from a trace are text, never markup --------------------------------------------------
+
+HOSTILE = {"aten::mm": "<!--<script>", "aten::relu": 'my::<a href="https://example.com/x">op</a> & co'}
+
+
+@pytest.fixture(scope="module")
+def hostile_page(tmp_path_factory) -> Path:
+    """A real trace whose operators were renamed to markup (an operator's name is free text; a
+    name with a "/" and no "::" would be a region range)."""
+    folder = tmp_path_factory.mktemp("hostile")
+    path = write_trace(folder, mm_s=0.01).path
+    trace = json.loads(path.read_text())
+    for event in trace["traceEvents"]:
+        event["name"] = HOSTILE.get(event.get("name"), event.get("name"))
+    path.write_text(json.dumps(trace))
+    page = folder / "report.html"
+    done = cli("report", str(folder), "-o", str(page), "--top", "100")  # every operator
+    assert done.returncode == 0, done.stderr
+    return page
+
+
+def test_operator_names_with_markup_are_text_in_the_page_and_its_charts(hostile_page):
+    text = hostile_page.read_text()
+    script = text[text.index('id="tsp-figures">') :]
+    script = script[: script.index("</script>")]
+    assert "<" not in script.split(">", 1)[1] and "&" not in script  # nothing for the HTML parser
+    probe = probe_page(hostile_page)
+    assert probe["errors"] == []
+    assert probe["total"] == probe["drawn"] == len(probe["charts"]) >= 3
+    (ops,) = [c for c in probe["charts"] if c["kind"] == "ops"]
+    # The names as they are, shown as text: no link, no comment swallowing the rest.
+    assert "<!--<script>" in ops["text"] and HOSTILE["aten::relu"] in ops["text"]
+    assert all(c["links"] == 0 for c in probe["charts"])
+    assert "&lt;!--&lt;script&gt;" in text  # the table under the group chart, escaped as HTML

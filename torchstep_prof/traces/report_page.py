@@ -91,7 +91,7 @@ def render_page(report: Report, plotlyjs: str) -> str:
         style=STYLE,
         plotlyjs=plotlyjs,
         body="\n".join(body),
-        figures=_script_json(figures),
+        figures=_script_json(_chart_text(figure) for figure in figures),
         script=SCRIPT,
     )
 
@@ -371,6 +371,34 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+_TEMPLATE_KEYS = frozenset({"hovertemplate", "texttemplate"})
+"""Figure keys whose strings are plotly templates written here (``<br>``, ``<extra>``), never
+data: every other string of a figure may hold a name from a trace."""
+
+
+def _chart_text(value: Any, key: str = "") -> Any:
+    """``value`` (a figure, or any part of one) with ``&``, ``<`` and ``>`` of its strings as
+    entities: plotly renders a subset of HTML in every text it draws (axis labels, legends,
+    hovers), so an operator named ``<a href=...>`` would be a live link. plotly shows the
+    entities as the characters themselves. Templates (:data:`_TEMPLATE_KEYS`) are kept.
+
+    >>> _chart_text({"y": ["<b>x</b>"], "hovertemplate": "%{y}<br>"})
+    {'y': ['&lt;b&gt;x&lt;/b&gt;'], 'hovertemplate': '%{y}<br>'}
+    """
+    if isinstance(value, str):
+        return value if key in _TEMPLATE_KEYS else html.escape(value, quote=False)
+    if isinstance(value, dict):
+        return {k: _chart_text(v, k) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_chart_text(v, key) for v in value]
+    return value
+
+
+_SCRIPT_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
 def _script_json(value: Iterable[Any]) -> str:
-    # Inside <script>, "</" could end the element early: JSON allows "<\/" for the same text.
-    return json.dumps(list(value), separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    # Inside <script>, "</script" ends the element and "<!--" changes how the rest is parsed
+    # (an operator named "<!--<script>" swallowed the page's end): <, > and & go as \u escapes,
+    # the same text to JSON.parse, and none of them reaches the HTML parser.
+    return json.dumps(list(value), separators=(",", ":"), allow_nan=False).translate(_SCRIPT_ESCAPES)
