@@ -17,16 +17,13 @@ import hashlib
 import os
 import secrets
 import time
-from typing import Any, Optional, Union
+import typing
+from typing import Any, Optional, Tuple, Union
 
 import attrs
 
 from ._json import dumps, loads
-from .collective_calls import CollectiveCall
-from .events import OpTime
 from .files import TraceInfo, Unreadable
-from .fused import RegionSpan, RegionTopOps
-from .memory_events import MemoryUse, OpBytes
 
 __all__ = ["CACHE_ENV", "SummaryCache", "cache_dir", "file_key"]
 
@@ -65,14 +62,14 @@ def _real_folder(folder: str) -> str:
 
 # Entries hold each record as the list of its field values (nested records alike): a second run
 # rebuilds 20,000 descriptions, and keyword-free lists decode several times faster than cattrs.
-_NESTED: dict[str, Any] = {
-    "top_ops": OpTime,
-    "regions": RegionSpan,
-    "region_ops": (RegionTopOps, {"ops": OpTime}),
-    "collectives": CollectiveCall,
-    "memory": (MemoryUse, {"top_ops": OpBytes}),
-}
-_INFO_FIELDS = tuple(f.name for f in attrs.fields(TraceInfo) if f.name != "path")
+# A cache is a file anyone may have edited or torn: every value is checked against its field's
+# type as it is decoded, and an entry that does not fit is read again from its trace.
+_INFO_GIVEN = ("path",)
+_INFO_FIELDS = tuple(f.name for f in attrs.fields(TraceInfo) if f.name not in _INFO_GIVEN)
+
+
+class _Malformed(ValueError):
+    """A cache entry this code did not write: its trace is read again."""
 
 
 def _encode(value: Any) -> Any:
@@ -83,36 +80,58 @@ def _encode(value: Any) -> Any:
     return value
 
 
-def _decoder(kind: Any) -> Any:
-    """A function of a list of rows to a tuple of ``kind``'s records, written for its fields (as
-    attrs writes ``__init__``): no per-row dict."""
-    cls, nested = kind if isinstance(kind, tuple) else (kind, {})
-    scope: dict[str, Any] = {"cls": cls}
-    args = []
-    for index, f in enumerate(attrs.fields(cls)):
-        if f.name in nested:
-            scope[f"d_{f.name}"] = _decoder(nested[f.name])
-            args.append(f"{f.name}=d_{f.name}(r[{index}])")
-        else:
-            args.append(f"{f.name}=r[{index}]")
-    return eval(f"lambda rows: tuple([cls({', '.join(args)}) for r in rows])", scope)  # noqa: S307
+_CHECKS = {
+    str: "{v}.__class__ is str",
+    int: "{v}.__class__ is int",
+    bool: "{v}.__class__ is bool",
+    float: "({v}.__class__ is float or {v}.__class__ is int)",
+    Optional[int]: "({v} is None or {v}.__class__ is int)",
+    Tuple[str, ...]: "({v}.__class__ is list and all(x.__class__ is str for x in {v}))",
+}
+
+
+def _decoder(cls: type, given: tuple[str, ...] = ()) -> Any:
+    """A function of a list of rows (and the ``given`` fields' values) to a tuple of ``cls``'s
+    records, written for its fields as attrs writes ``__init__``: no per-row dict. A row of the
+    wrong length, or a value not of its field's type, raises :class:`_Malformed`."""
+    hints = typing.get_type_hints(cls)
+    scope: dict[str, Any] = {"cls": cls, "_Malformed": _Malformed}
+    checks, args = [], [f"{name}={name}" for name in given]
+    names = [f.name for f in attrs.fields(cls) if f.name not in given]
+    for index, name in enumerate(names):
+        hint, value = hints[name], f"r[{index}]"
+        if hint in _CHECKS:
+            checks.append(_CHECKS[hint].format(v=value))
+            args.append(f"{name}=tuple({value})" if hint == Tuple[str, ...] else f"{name}={value}")
+        else:  # Tuple[<record>, ...]: the nested decoder checks its rows
+            (record, _) = typing.get_args(hint)
+            scope[f"d_{name}"] = _decoder(record)
+            args.append(f"{name}=d_{name}({value})")
+    source = (f"def decode(rows, {', '.join(given)}):\n" if given else "def decode(rows):\n") + (
+        "    if rows.__class__ is not list: raise _Malformed\n"
+        "    out = []\n"
+        "    for r in rows:\n"
+        f"        if r.__class__ is not list or len(r) != {len(names)}: raise _Malformed\n"
+        f"        if not ({' and '.join(checks) or 'True'}): raise _Malformed\n"
+        f"        out.append(cls({', '.join(args)}))\n"
+        "    return tuple(out)\n"
+    )
+    exec(compile(source, f"<cache decoder of {cls.__name__}>", "exec"), scope)  # noqa: S102
+    return scope["decode"]
 
 
 @functools.lru_cache(maxsize=1)
-def _decoders() -> dict[str, Any]:
-    return {name: _decoder(kind) for name, kind in _NESTED.items()}
+def _info_decoder() -> Any:
+    return _decoder(TraceInfo, _INFO_GIVEN)
 
 
 def _encode_info(info: TraceInfo) -> list[Any]:
     return [_encode(getattr(info, name)) for name in _INFO_FIELDS]
 
 
-def _decode_info(row: list[Any], path: str) -> TraceInfo:
-    values = dict(zip(_INFO_FIELDS, row))
-    for name, decode in _decoders().items():
-        values[name] = decode(values[name])
-    values["roles"] = tuple(values["roles"])
-    return TraceInfo(path=path, **values)
+def _decode_info(row: Any, path: str) -> TraceInfo:
+    (info,) = _info_decoder()([row], path)
+    return info
 
 
 class SummaryCache:
@@ -162,17 +181,17 @@ class SummaryCache:
             return None
         self._seen.add(key[0])
         entry = self._entries.get(key[0])
-        if not entry or entry.get("size") != key[1] or entry.get("mtime_ns") != key[2]:
+        if not isinstance(entry, dict) or entry.get("size") != key[1] or entry.get("mtime_ns") != key[2]:
             return None
         try:
             if "reason" in entry:
-                return Unreadable(path=path, reason=entry["reason"])
+                reason = entry["reason"]
+                return Unreadable(path=path, reason=reason) if isinstance(reason, str) else None
             if entry.get("top", 0) < top:
                 return None
-            info = _decode_info(entry["info"], path)
-        except Exception:  # an entry this code cannot rebuild: read the file again
+            return _trimmed(_decode_info(entry["info"], path), top)
+        except Exception:  # an entry this code did not write (edited, torn): read the file again
             return None
-        return _trimmed(info, top)
 
     def put(self, path: str, result: Union[TraceInfo, Unreadable], top: int) -> None:
         """Remember ``result`` of reading ``path`` with ``top`` operators."""
