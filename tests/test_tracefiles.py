@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -318,3 +319,56 @@ def test_absurd_times_give_a_finite_wall_time(tmp_path: Path) -> None:
         path = write_absurd(tmp_path, source.path, **changes)
         with pytest.raises(TraceReadError, match=r"absurd times \(2 event\(s\)"):
             read_trace_info(path)
+
+
+# --- a gzip that inflates far past its size ------------------------------------------------------
+
+BOMB_MIB = 256
+
+
+def _gzip_padded(source: Path, out: Path, mib: int) -> Path:
+    """``source``'s JSON with ``mib`` MiB of spaces after its first ``{``: still a valid trace,
+    about a thousand times smaller gzipped (written a MiB at a time)."""
+    text = source.read_bytes()
+    with gzip.open(out, "wb", compresslevel=6) as zipped:
+        zipped.write(text[:1])
+        for _ in range(mib):
+            zipped.write(b" " * (1 << 20))
+        zipped.write(text[1:])
+    return out
+
+
+def test_a_gzip_inflating_past_the_limit_is_skipped_naming_it_in_bounded_memory(folder: dict, tmp_path: Path) -> None:
+    from torchstep_prof.traces.loading import inflate_limit
+
+    root = tmp_path / "bomb"
+    root.mkdir()
+    good = shutil.copy(folder["written"]["rank0"].path, root)
+    name = Path(good).name.replace("step1", "step7").replace(".json", ".json.gz")
+    bomb = _gzip_padded(Path(good), root / name, BOMB_MIB)
+    assert bomb.stat().st_size * 1000 < BOMB_MIB << 20 and inflate_limit(bomb.stat().st_size) < BOMB_MIB << 20
+    # The same padding under the limit is read: the limit, not the padding, skips the file.
+    small = _gzip_padded(Path(good), tmp_path / "small.json.gz", 8)
+    assert read_trace_info(small).step == 1
+    code = (
+        "import sys\n"
+        "from torchstep_prof.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "# VmHWM: this process's own peak (ru_maxrss carries the parent's over fork and exec)\n"
+        "hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
+        "print('peak MiB', int(hwm.split()[1]) // 1024)\n"
+        "sys.exit(code)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    done = subprocess.run(
+        [sys.executable, "-c", code, "summarize", str(root), "--no-cache", "--json"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"skipped {bomb}: a gzip that inflates past 64.0 MiB, the most a" in done.stderr
+    assert "gunzip it to read it whole" in done.stderr
+    doc = json.loads(done.stdout[: done.stdout.rindex("peak MiB")])
+    assert doc["unreadable"] == [str(bomb)] and [g["step"] for g in doc["groups"]] == [1]
+    # Inflated whole, the file needs over 256 MiB; read a MiB at a time up to the limit, far less.
+    peak = int(done.stdout.rsplit("peak MiB", 1)[1])
+    assert peak < BOMB_MIB, done.stdout[-200:]

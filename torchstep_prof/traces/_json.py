@@ -19,7 +19,7 @@ def _orjson() -> Any:
     return orjson
 
 
-def loads(data: bytes) -> Any:
+def loads(data: bytes | bytearray) -> Any:
     """Parse ``data``; json decides what orjson rejects (NaN and Infinity, which json accepts)."""
     orjson = _orjson()
     if orjson is not None:

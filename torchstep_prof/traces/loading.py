@@ -1,12 +1,14 @@
 """Opening one trace file: a regular file only (never a fifo), gzipped or not, parsed as JSON.
 
 :func:`load_trace` turns whatever goes wrong (an unreadable file, a fifo or a device named
-``*.json``, bad gzip, bad JSON, deep nesting) into one :class:`TraceReadError` naming the file.
+``*.json``, bad gzip, a gzip that inflates past :func:`inflate_limit`, bad JSON, deep nesting)
+into one :class:`TraceReadError` naming the file.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import stat
 from typing import IO, Any
@@ -14,9 +16,17 @@ from typing import IO, Any
 from ._json import loads
 from ..errors import TorchstepProfError
 
-__all__ = ["TraceReadError", "describe_error", "load_trace"]
+__all__ = ["INFLATE_MIN_BYTES", "INFLATE_RATIO", "TraceReadError", "describe_error", "inflate_limit", "load_trace"]
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK = 1 << 20
+
+INFLATE_RATIO = 100
+"""A gzipped trace may inflate to this many times its size (torch's Chrome traces compress about
+10-20x)..."""
+INFLATE_MIN_BYTES = 64 << 20
+"""...or to this many bytes, whichever is more. Past it the file is skipped, never inflated
+whole: a 510 KB gzip holding 512 MiB of JSON took 1.6 GB to read."""
 
 
 class TraceReadError(TorchstepProfError):
@@ -33,9 +43,9 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = os.fspath(path)
     try:
         with _open_regular(path) as handle:
-            data = handle.read()
+            data: bytes | bytearray = handle.read()
         if data[:2] == _GZIP_MAGIC:
-            data = gzip.decompress(data)
+            data = _inflate(path, data)
     except TraceReadError:
         raise
     except Exception as exc:  # OSError, EOFError, zlib.error, MemoryError...: all one to a reader
@@ -49,6 +59,33 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(trace, dict):
         raise TraceReadError(f"{path}: not a Chrome trace (top level is not a JSON object)")
     return trace
+
+
+def inflate_limit(gzipped_bytes: int) -> int:
+    """The most bytes a gzipped trace of ``gzipped_bytes`` may inflate to: :data:`INFLATE_RATIO`
+    times its size, and at least :data:`INFLATE_MIN_BYTES`."""
+    return max(INFLATE_MIN_BYTES, INFLATE_RATIO * gzipped_bytes)
+
+
+def _inflate(path: str, data: bytes) -> bytearray:
+    """``data`` inflated a chunk at a time, stopping past :func:`inflate_limit` (memory stays
+    bounded by the limit, whatever the gzip claims)."""
+    limit = inflate_limit(len(data))
+    out = bytearray()
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as inflating:
+        while chunk := inflating.read(_CHUNK):
+            out += chunk
+            if len(out) > limit:
+                raise TraceReadError(
+                    f"{path}: a gzip that inflates past {_mib(limit)}, the most a {_mib(len(data))} "
+                    f"gzip may hold ({INFLATE_RATIO}x its size, at least {_mib(INFLATE_MIN_BYTES)}): "
+                    "not read; gunzip it to read it whole"
+                )
+    return out
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size / 1024:.0f} KB"
 
 
 _FILE_KINDS = (
