@@ -1,14 +1,19 @@
-# The commands of the README. Each sets up .venv on first use, then runs. torch 2.13.0 goes in
-# first and is pinned by a constraints file for everything after it: a bare `torch`, or a
-# framework allowed to "upgrade" it, would pull a multi-GB CUDA build.
+# The commands of the README. Each sets up .venv on first use with only what it runs (example:
+# torchstep_prof; report: and plotly; test: every extra, the frameworks and the test tools),
+# then runs. torch 2.13.0 goes in first and is pinned by a constraints file for everything after
+# it: a bare `torch`, or a framework allowed to "upgrade" it, would pull a multi-GB CUDA build.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c $(VENV)/constraints.txt
 BASE := $(VENV)/.installed
+REPORT := $(VENV)/.installed-report
 FULL := $(VENV)/.installed-extras
+PLOTLY := plotly==7.1.0
 # The framework versions the integration tests run against (the extras in setup.cfg are ranges).
-FRAMEWORKS := transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 ray==2.60.0 plotly==7.1.0 prometheus_client==0.26.0
+FRAMEWORKS := transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 ray==2.60.0 $(PLOTLY) prometheus_client==0.26.0
+# What the interop tests read traces with: `torchstep-prof hta` makes a folder for it.
+INTEROP := HolisticTraceAnalysis==0.5.0
 # The linters `make lint` runs (their settings: ruff.toml and setup.cfg's [mypy]). Pinned: a new
 # release adds rules, and CI would fail on code nobody changed.
 LINTERS := ruff==0.17.6 mypy==2.4.1
@@ -21,18 +26,28 @@ $(BASE): setup.cfg setup.py
 	$(BIN)/python -m pip install -q --upgrade pip
 	echo "torch==2.13.0" > $(VENV)/constraints.txt
 	$(PIP) torch==2.13.0 numpy
-	$(PIP) -e '.[test]'
+	$(PIP) -e .
 	touch $(BASE)
 
-# The extras the test suite exercises: report (plotly), transformers, lightning, ray, metrics.
+# `make report`: the [report] extra (plotly) and nothing else.
+$(REPORT): $(BASE)
+	$(PIP) -e '.[report]' $(PLOTLY)
+	touch $(REPORT)
+
+# The extras the test suite exercises: report (plotly), transformers, lightning, ray, metrics,
+# and the test tools.
 $(FULL): $(BASE)
-	$(PIP) -e '.[test,report,transformers,lightning,ray,metrics]' $(FRAMEWORKS)
+	$(PIP) -e '.[test,report,transformers,lightning,ray,metrics]' $(FRAMEWORKS) $(INTEROP)
 	touch $(FULL)
 
+# One run per folder: a second run's traces beside the first's would make every command
+# choose between the two runs (and warn).
 example: $(BASE)
+	rm -rf outputs/profile
 	$(BIN)/python examples/rl_step.py
 
-report: $(FULL)
+report: $(REPORT)
+	rm -rf outputs/profile
 	$(BIN)/python examples/rl_step.py
 	$(BIN)/torchstep-prof report outputs/profile -o outputs/report.html
 
