@@ -40,6 +40,7 @@ SCRIPTS = (
     "bench_trace_end",
     "bench_import",
     "bench_first_region",
+    "bench_warm_up",
     "bench_cli",
     "bench_hook",
     "bench_run",

@@ -1,7 +1,8 @@
 """torch.profiler's one-time start-up in a process, paid once, outside any step.
 
-The first ``start()`` in a process costs ~1 s (torch imports ``torch._inductor``), and Kineto
-initialises its first range, stop and export lazily: one throw-away window pays all of it.
+The first ``start()`` in a process costs 1-4 s, nearly all of it torch importing
+``torch._inductor`` (``bench/bench_warm_up.py``), and Kineto initialises its first range, stop
+and export lazily (~10 ms): one throw-away window pays all of it.
 """
 
 from __future__ import annotations
