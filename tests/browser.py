@@ -50,10 +50,23 @@ function collect() {
         return box.width > 0 && box.height > 0;
       });
       var card = div.closest(".card");
+      // Text drawn past the chart's edges is cut off (a label cut at its start, a clipped title).
+      var cut = Array.prototype.filter.call(div.querySelectorAll("svg text"), function (t) {
+        var b = t.getBoundingClientRect();
+        return b.width > 0 && (b.left < r.left - 1 || b.right > r.right + 1 || b.top < r.top - 1 || b.bottom > r.bottom + 1);
+      }).map(function (t) { return t.textContent; });
+      // Annotations (the median's label) drawn over a bar.
+      var boxes = bars.map(function (p) { return p.getBoundingClientRect(); });
+      var over = Array.prototype.filter.call(div.querySelectorAll("g.annotation text"), function (t) {
+        var a = t.getBoundingClientRect();
+        return boxes.some(function (b) {
+          return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+        });
+      }).map(function (t) { return t.textContent; });
       return {fig: Number(div.dataset.fig), kind: div.className.split(" ")[1],
               card: card ? card.id : "",
               svg: div.querySelectorAll("svg.main-svg").length, bars: bars.length,
-              links: div.querySelectorAll("a").length,
+              links: div.querySelectorAll("a").length, cut: cut, over_bars: over,
               text: div.textContent,
               rect: [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height]};
     });
@@ -100,8 +113,10 @@ def _run(
 
 def probe_page(page: Path, window: tuple[int, int] = WINDOW) -> dict[str, Any]:
     """What the page drew in Chromium: ``{"errors", "total", "drawn_at_load", "drawn", "charts":
-    [{"fig", "kind", "card", "svg", "bars", "links", "text", "rect"}]}`` (``card``: the id of the
-    chart's card, if any; ``links``: ``<a>`` elements inside the chart)."""
+    [{"fig", "kind", "card", "svg", "bars", "links", "cut", "over_bars", "text", "rect"}]}``
+    (``card``: the id of the chart's card, if any; ``links``: ``<a>`` elements inside the chart;
+    ``cut``: its texts drawn past its edges, so cut off; ``over_bars``: its annotations drawn
+    over a bar)."""
     text = page.read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory(prefix="tsp-chromium-") as scratch:
         probed = Path(scratch) / "probed.html"

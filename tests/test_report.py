@@ -19,6 +19,8 @@ import pytest
 from browser import colored_pixels, probe_page, screenshot
 from trace_factory import assert_summary_shape, write_not_json, write_trace, write_truncated
 
+from torchstep_prof.traces.report_text import axis_labels
+
 plotly = pytest.importorskip("plotly", reason="plotly is not installed (the [report] extra)")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,6 +171,9 @@ def test_page_loads_in_chromium_with_every_chart_drawn(straggler_probe):
     assert all("rank 3 pid" in c["text"] and "actor/update" in c["text"] for c in timelines)
     straggling = [c for c in groups if "straggler" in c["text"]]
     assert len(straggling) >= 1 and all("median" in c["text"] for c in groups)
+    # Nothing cut at a chart's edges, and the median's label never on a bar.
+    assert [c["cut"] for c in charts] == [[]] * len(charts)
+    assert [c["over_bars"] for c in groups] == [[]] * len(groups)
 
 
 def test_screenshot_shows_the_bars_and_fails_on_an_empty_chart(straggler_page, straggler_probe, straggler_shot, tmp_path):
@@ -202,7 +207,7 @@ def test_without_plotly_report_exits_2_naming_the_install_command(straggler_dir,
     )
     done = cli("report", str(straggler_dir), "-o", str(out), code=hide_plotly)
     assert done.returncode == 2, done.stderr
-    assert "pip install 'torchstep_prof[report]'" in done.stderr
+    assert "pip install 'plotly>=5.5,<8' (the [report] extra)" in done.stderr
     assert not out.exists()
     # summarize, ls and the rest do not need the extra.
     assert cli("ls", str(straggler_dir), code=hide_plotly).returncode == 0
@@ -341,7 +346,7 @@ def test_report_of_fused_traces_draws_each_region_inside_its_step(fused_dir, tmp
     for region in FUSED_REGIONS:  # per region its top operators, read inside the fused traces
         assert f"<h3>{region}</h3>" in cards, region
     assert "<h3>rollout-actor-ref-critic/train (whole fused step)</h3>" in cards
-    ops = [f for f in figs if f["layout"]["xaxis"]["title"]["text"] == "self ms per trace"]
+    ops = [f for f in figs if f["layout"]["xaxis"]["title"]["text"] == "self ms"]
     assert len(ops) == len(FUSED_REGIONS) + 1
     assert all(any(name.startswith("aten::") for name in fig["data"][0]["y"]) for fig in ops)
     probe = probe_page(page, window=(1280, 900))
@@ -381,7 +386,81 @@ def test_operator_names_with_markup_are_text_in_the_page_and_its_charts(hostile_
     assert probe["errors"] == []
     assert probe["total"] == probe["drawn"] == len(probe["charts"]) >= 3
     (ops,) = [c for c in probe["charts"] if c["kind"] == "ops"]
-    # The names as they are, shown as text: no link, no comment swallowing the rest.
-    assert "<!--<script>" in ops["text"] and HOSTILE["aten::relu"] in ops["text"]
+    # The names as they are, shown as text (a long one cut in the middle on the axis, whole in
+    # the hover): no link, no comment swallowing the rest.
+    (long_label,) = axis_labels([HOSTILE["aten::relu"]])
+    assert "<!--<script>" in ops["text"] and long_label in ops["text"] and "<a href=" in long_label
     assert all(c["links"] == 0 for c in probe["charts"])
-    assert "&lt;!--&lt;script&gt;" in text  # the table under the group chart, escaped as HTML
+    assert '<a href="https://example.com/x">' not in text
+
+
+# --- one rank: what `make report` makes -----------------------------------------------------------
+
+LONG_OP = "autograd::engine::evaluate_function: AddmmBackward0 of a very long name"
+
+
+@pytest.fixture(scope="module")
+def one_rank_page(tmp_path_factory) -> Path:
+    """``examples/rl_step.py`` as ``make report`` runs it (one rank, steps 2 and 3), one of its
+    operators renamed to a long name, and the traces of an earlier run (another pid) beside them."""
+    folder = tmp_path_factory.mktemp("one") / "profile"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHSTEP_PROF_SUMMARY="0")
+    done = subprocess.run(
+        [sys.executable, "examples/rl_step.py", "--save-path", str(folder)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for path in folder.glob("actor_update_*.json"):
+        trace = json.loads(path.read_text())
+        for event in trace["traceEvents"]:
+            if event.get("name") == "aten::mm":
+                event["name"] = LONG_OP
+        path.write_text(json.dumps(trace))
+    earlier = next(folder.glob("critic_update_step2_*.json"))
+    trace = json.loads(earlier.read_text())
+    trace["torchstep_prof"]["pid"] = 1
+    (folder / re.sub(r"_pid\d+_\d+", "_pid1_20260101000000000", earlier.name)).write_text(json.dumps(trace))
+    page = folder.parent / "report.html"
+    done = cli("report", str(folder), "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    assert "(--pid chooses)" in done.stderr  # the command line warns in its words
+    return page
+
+
+def test_one_rank_shows_each_steps_regions_and_how_steps_vary(one_rank_page):
+    text = one_rank_page.read_text().split("</head>", 1)[1]  # the page, plotly.js aside
+    assert "One rank: stragglers are found by comparing ranks" in text
+    assert '<section id="steps"><h2>Steps</h2>' in text and "Step 2</h2>" not in text
+    # The page says in its own words which run it shows, never the command line's warning.
+    assert "--pid chooses" not in text and "warning:" not in text
+    assert re.search(r"several runs: the page shows the newest of each rank \(rank 0 pid \d+\) and leaves out 1 trace\(s\) of pid 1", text)
+    spread = re.findall(r"<tr><td>([a-z/-]+)</td><td>2</td><td>[\d.]+</td><td>[\d.]+</td><td>[\d.]+ \(step [23]\)</td></tr>", text)
+    assert sorted(spread) == sorted(FUSED_REGIONS)  # each region over its two steps
+    figs = figures(one_rank_page)
+    timeline, stacked = figs[0], figs[1]
+    assert {y for trace in timeline["data"] for y in trace["y"]} == {"step 2", "step 3"}
+    assert {trace["name"] for trace in timeline["data"]} == FUSED_REGIONS
+    assert timeline["layout"]["xaxis"]["title"]["text"] == "ms since the step's start"
+    for trace in timeline["data"]:  # each step from its own start
+        assert min(trace["base"]) >= 0
+    assert stacked["layout"]["barmode"] == "stack" and {t["name"] for t in stacked["data"]} == FUSED_REGIONS
+    assert all(t["x"] == ["step 2", "step 3"] and all(y > 0 for y in t["y"]) for t in stacked["data"])
+    colors = {t["name"]: t["marker"]["color"] for t in timeline["data"]}
+    assert colors == {t["name"]: t["marker"]["color"] for t in stacked["data"]}  # one color per region
+
+
+def test_one_rank_page_in_chromium_draws_no_one_bar_charts_and_cuts_no_text(one_rank_page):
+    probe = probe_page(one_rank_page)
+    assert probe["errors"] == []
+    charts = probe["charts"]
+    assert probe["total"] == probe["drawn"] == len(charts) == 1 + 1 + 5
+    assert [c["kind"] for c in charts] == ["timeline", "steps"] + ["ops"] * 5  # no chart per group
+    assert charts[0]["bars"] == 10 and "step 2" in charts[0]["text"] and "step 3" in charts[0]["text"]
+    assert charts[1]["bars"] == 10  # five regions stacked in each of two steps
+    assert all(c["bars"] >= 2 for c in charts)
+    # Long names cut in the middle, never at their start; every title whole.
+    assert [c["cut"] for c in charts] == [[]] * len(charts)
+    (actor,) = [c for c in charts if c["kind"] == "ops" and "autograd::engine" in c["text"]]
+    (label,) = axis_labels([LONG_OP])
+    assert label in actor["text"] and label.startswith("autograd::engine") and label.endswith("long name")
+    assert "self ms" in actor["text"]

@@ -50,7 +50,6 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     from ..traces.findings import FINDINGS_DEPTH
     from ..traces.report import build_report
-    from ..traces.runs import describe_other_runs
 
     filters = _tracedir.filters_from_args(parser, args)
     scanned = _tracedir.scan_folder(args, filters, top=max(args.top, FINDINGS_DEPTH))
@@ -78,7 +77,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         straggler_ratio=args.straggler_ratio,
         top=args.top,
         filters=_filter_words(args),
-        other_runs=describe_other_runs(other_runs),
+        other_runs=other_runs,
         diff=diff,
     )
     try:

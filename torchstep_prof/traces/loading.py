@@ -67,7 +67,7 @@ def inflate_limit(gzipped_bytes: int) -> int:
     return max(INFLATE_MIN_BYTES, INFLATE_RATIO * gzipped_bytes)
 
 
-def _inflate(path: str, data: bytes) -> bytearray:
+def _inflate(path: str, data: bytes | bytearray) -> bytearray:
     """``data`` inflated a chunk at a time, stopping past :func:`inflate_limit` (memory stays
     bounded by the limit, whatever the gzip claims)."""
     limit = inflate_limit(len(data))

@@ -20,6 +20,7 @@ from .diff import DiffResult
 from .findings import FINDINGS_DEPTH, Finding, find_findings
 from .memory import RegionMemory, find_memory
 from .names import parse_trace_name
+from .runs import OtherRun
 from .summarize import DEFAULT_STRAGGLER_RATIO, Summary, summarize, trim_summary
 from .files import OpTime, TraceInfo, Unreadable, started_at
 
@@ -71,7 +72,7 @@ class Report:
     bars: Tuple[TimelineBar, ...]
     regions: Tuple[RegionOps, ...]
     filters: Tuple[str, ...] = ()
-    other_runs: Tuple[str, ...] = ()
+    other_runs: Tuple[OtherRun, ...] = ()
     waits: Tuple[CollectiveWaits, ...] = ()
     memory: Tuple[RegionMemory, ...] = ()
     diff: Optional[DiffResult] = None
@@ -93,7 +94,7 @@ def build_report(
     straggler_ratio: float = DEFAULT_STRAGGLER_RATIO,
     top: int = REGION_TOP_OPS,
     filters: Sequence[str] = (),
-    other_runs: Sequence[str] = (),
+    other_runs: Sequence[OtherRun] = (),
     diff: Optional[DiffResult] = None,
 ) -> Report:
     """The report of ``infos`` (scanned with ``top`` >= :data:`FINDINGS_DEPTH` so that findings

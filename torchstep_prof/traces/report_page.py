@@ -9,28 +9,24 @@ plotly is imported only here, and only by ``torchstep-prof report``.
 from __future__ import annotations
 
 import datetime as dt
-import html
-import json
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from .collectives import describe_waits
 from .findings import describe_finding
+from .report import Report
 from .report_diagnosis import baseline_section, memory_section, waits_section
+from .report_steps import region_colors, steps_section, timeline_figure
 from .report_template import PAGE, SCRIPT, STYLE
-from .report import Report, TimelineBar
+from .report_text import axis_labels, chart_text, escape as _e, label_margin, script_json
+from .runs import OtherRun
 from .summarize import STRAGGLER_MIN_MS, GroupSummary
 
 __all__ = ["INSTALL_HINT", "PlotlyMissing", "load_plotlyjs", "render_page"]
 
-INSTALL_HINT = "pip install 'torchstep_prof[report]'"
+INSTALL_HINT = "pip install 'plotly>=5.5,<8' (the [report] extra)"
 
-_COLORS = (
-    "#4C78A8", "#F58518", "#54A24B", "#B279A2", "#72B7B2",
-    "#EECA3B", "#9D755D", "#FF9DA6", "#BAB0AC", "#79706E",
-)  # fmt: skip
 _BAR = "#4C78A8"
-_WHOLE_STEP = "#D9D9D9"
 _STRAGGLER = "#D62728"
 
 
@@ -48,40 +44,34 @@ def load_plotlyjs() -> str:
 
 
 def render_page(report: Report, plotlyjs: str) -> str:
-    """The whole page: header, what stands out, per step a timeline and the groups' wall-time
-    charts, per region its top operators (the regions inside fused traces included)."""
+    """The whole page: header, what stands out, the diagnosis sections, then the steps and each
+    region's top operators (the regions inside fused traces included).
+
+    Several ranks: per step a timeline (a row per rank) and each group's wall time per rank. One
+    rank: every step on one timeline and how the steps vary
+    (:func:`~torchstep_prof.traces.report_steps.steps_section`): a chart of one bar per group
+    would say nothing.
+    """
     figures: list[dict[str, Any]] = []
 
     def chart(figure: dict[str, Any], css: str) -> str:
         figures.append(figure)
         return f'<div class="chart {css}" data-fig="{len(figures) - 1}"></div>'
 
-    body = [_header(report), _findings(report)]
+    one_rank = len({b.rank for b in report.bars}) == 1
+    body = [_header(report), _findings(report, one_rank)]
     # The diagnosis sections (each only when there is something to show) come next.
     body += [waits_section(report, chart), memory_section(report, chart), baseline_section(report, chart)]
-    steps = sorted({g.step for g in report.summary.groups})
-    for step in steps:
-        bars = [b for b in report.bars if b.step == step]
-        groups = [g for g in report.summary.groups if g.step == step]
-        body.append(f'<section class="step" id="step-{step}"><h2>Step {step}</h2>')
-        body.append(chart(_timeline_figure(step, bars), "timeline"))
-        body.append('<div class="grid">')
-        for group in groups:
-            body.append(
-                f'<div class="card" id="{_group_id(group)}">'
-                f"<h3>{_e(_group_title(group))}</h3>"
-                f'<p class="meta">{_e(_group_meta(group, report))}</p>'
-                + chart(_group_figure(group, report), "group")
-                + _ops_table(group)
-                + "</div>"
-            )
-        body.append("</div></section>")
+    if one_rank:
+        body.append(steps_section(report, chart, _layout))
+    else:
+        body += _rank_sections(report, chart)
     body.append('<section id="regions"><h2>Top operators by region</h2><div class="grid">')
     for region in report.regions:
         whole = " (whole fused step)" if region.whole_step else ""
         body.append(
             f'<div class="card"><h3>{_e(region.role)}/{_e(region.stage)}{whole}</h3>'
-            f'<p class="meta">self time per trace, averaged over {region.traces} trace(s)</p>'
+            f'<p class="meta">self time in ms per trace, averaged over {region.traces} trace(s)</p>'
             + chart(_region_figure(region), "ops")
             + "</div>"
         )
@@ -91,9 +81,35 @@ def render_page(report: Report, plotlyjs: str) -> str:
         style=STYLE,
         plotlyjs=plotlyjs,
         body="\n".join(body),
-        figures=_script_json(_chart_text(figure) for figure in figures),
+        figures=script_json(chart_text(figure) for figure in figures),
         script=SCRIPT,
     )
+
+
+def _rank_sections(report: Report, chart: Any) -> list[str]:
+    """Per step: its timeline, a row per rank and process, and a card per group."""
+    colors = region_colors(report.bars)
+    out = []
+    for step in sorted({g.step for g in report.summary.groups}):
+        bars = [b for b in report.bars if b.step == step]
+        keys = sorted({(b.rank, b.pid if b.pid is not None else -1) for b in bars})
+        rows = [
+            (_row_label(*key), [b for b in bars if (b.rank, b.pid if b.pid is not None else -1) == key]) for key in keys
+        ]
+        out.append(f'<section class="step" id="step-{step}"><h2>Step {step}</h2>')
+        out.append(chart(timeline_figure(rows, colors, own_clock=False, layout=_layout), "timeline"))
+        out.append('<div class="grid">')
+        for group in (g for g in report.summary.groups if g.step == step):
+            out.append(
+                f'<div class="card" id="{_group_id(group)}">'
+                f"<h3>{_e(_group_title(group))}</h3>"
+                f'<p class="meta">{_e(_group_meta(group, report))}</p>'
+                + chart(_group_figure(group, report), "group")
+                + _ops_table(group)
+                + "</div>"
+            )
+        out.append("</div></section>")
+    return out
 
 
 # --- the text parts ------------------------------------------------------------------------------
@@ -122,12 +138,25 @@ def _header(report: Report) -> str:
     else:
         lines.append("<p>No file skipped.</p>")
     if report.other_runs:
-        lines.append("<p>Other runs left out: " + _e(", ".join(report.other_runs)) + "</p>")
+        lines.append(f'<p class="other-runs">{_e(_describe_other_runs(report.other_runs))}</p>')
     lines.append("</header>")
     return "\n".join(lines)
 
 
-def _findings(report: Report) -> str:
+def _describe_other_runs(other_runs: Sequence[OtherRun]) -> str:
+    """The runs left out, in the page's words (the command line warns in its own)."""
+    kept = sorted({(run.rank, run.pid if run.pid is not None else -1) for run in other_runs})
+    left = sorted({pid for run in other_runs for pid in run.other_pids if pid is not None})
+    traces = sum(run.left_out for run in other_runs)
+    shown = ", ".join(f"rank {rank} pid {pid}" if pid >= 0 else f"rank {rank}" for rank, pid in kept)
+    return (
+        f"This folder holds several runs: the page shows the newest of each rank ({shown}) and "
+        f"leaves out {traces} trace(s) of pid {', '.join(map(str, left)) or '?'}; "
+        "report --pid P shows another."
+    )
+
+
+def _findings(report: Report, one_rank: bool = False) -> str:
     ratio = report.summary.straggler_ratio
     rule = (
         f"a straggler is a rank over {ratio:g}x its group's median wall time and at least "
@@ -140,6 +169,11 @@ def _findings(report: Report) -> str:
             anchor = _anchor(f.role, f.stage, f.step, f.occurrence)
             out.append(f'<li><a href="#{anchor}">{_e(describe_finding(f))}</a></li>')
         out.append("</ul>")
+    elif one_rank:
+        out.append(
+            "<p>One rank: stragglers are found by comparing ranks, so there is none to find here. "
+            "Below: each step's regions, how the steps vary, and each region's top operators.</p>"
+        )
     else:
         out.append("<p>No straggler: every rank is near its group's median.</p>")
     late = [w for w in report.waits if w.late_rank is not None]
@@ -147,7 +181,9 @@ def _findings(report: Report) -> str:
         out.append('<ul class="late">')
         out.extend(f'<li><a href="#waits">{_e(describe_waits(w))}</a></li>' for w in late)
         out.append("</ul>")
-    out.append(f'<p class="meta">{_e(rule)}.</p></section>')
+    if not one_rank:
+        out.append(f'<p class="meta">{_e(rule)}.</p>')
+    out.append("</section>")
     return "\n".join(out)
 
 
@@ -210,13 +246,14 @@ def _group_figure(group: GroupSummary, report: Report) -> dict[str, Any]:
         "<br>%{customdata[1]}<extra></extra>",
     }
     annotations = [
-        {
+        {  # above the plot, where no bar reaches (on the line, it sat on the bars)
             "xref": "paper",
+            "yref": "paper",
             "x": 1,
             "xanchor": "right",
-            "y": group.median_ms,
+            "y": 1,
             "yanchor": "bottom",
-            "text": f"median {group.median_ms:.1f} ms",
+            "text": f"dashed: median {group.median_ms:.1f} ms",
             "showarrow": False,
             "font": {"color": "#333"},
         }
@@ -230,6 +267,7 @@ def _group_figure(group: GroupSummary, report: Report) -> dict[str, Any]:
     return {
         "data": [bar],
         "layout": _layout(
+            margin={"l": 60, "r": 20, "t": 24, "b": 40},
             xaxis={"type": "category", "title": {"text": "rank"}},
             # Headroom above the tallest bar for the straggler and median labels.
             yaxis={"title": {"text": "wall ms"}, "range": [0, 1.25 * max(group.max_ms, 1e-3)]},
@@ -263,85 +301,22 @@ def _rank_labels(group: GroupSummary) -> list[str]:
     return labels
 
 
-def _timeline_figure(step: int, bars: Sequence[TimelineBar]) -> dict[str, Any]:
-    origin = min(b.start_ns for b in bars)
-    rows = sorted({(b.rank, b.pid if b.pid is not None else -1) for b in bars})
-    row_label = {key: _row_label(*key) for key in rows}
-    # A fused trace's whole step first: drawn first, it lies under the regions it holds, and
-    # shows in grey the time between them.
-    regions = sorted({(not b.whole_step, b.role, b.stage) for b in bars})
-    data = []
-    colors = 0
-    for regional, role, stage in regions:
-        mine = [b for b in bars if (not b.whole_step, b.role, b.stage) == (regional, role, stage)]
-        color = _COLORS[colors % len(_COLORS)] if regional else _WHOLE_STEP
-        colors += regional
-        data.append(
-            {
-                "type": "bar",
-                "orientation": "h",
-                "name": f"{role}/{stage}" + ("" if regional else " (whole step)"),
-                "y": [row_label[(b.rank, b.pid if b.pid is not None else -1)] for b in mine],
-                "x": [round(b.wall_ms, 3) for b in mine],
-                "base": [round((b.start_ns - origin) / 1e6, 3) for b in mine],
-                "marker": {"color": color},
-                # The duration goes in customdata: for a bar with a base, plotly's %{x} is
-                # where the bar ends, not how long it is.
-                "customdata": [
-                    [
-                        b.role,
-                        b.stage,
-                        b.step,
-                        _occ_text(b.occurrence) + (" (whole fused step)" if b.whole_step else ""),
-                        b.rank,
-                        os.path.basename(b.file),
-                        f"{b.wall_ms:.2f}",
-                    ]
-                    for b in mine
-                ],  # fmt: skip
-                "hovertemplate": "%{customdata[0]}/%{customdata[1]} step %{customdata[2]}"
-                "%{customdata[3]} rank %{customdata[4]}<br>%{customdata[5]}<br>"
-                "%{customdata[6]} ms, from %{base:.2f} ms<extra></extra>",
-            }
-        )
-    start = dt.datetime.fromtimestamp(origin / 1e9, dt.timezone.utc)
-    return {
-        "data": data,
-        "layout": _layout(
-            height=max(160, 70 + 26 * len(rows)),
-            barmode="overlay",
-            showlegend=True,
-            legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
-            margin={"l": 130, "r": 20, "t": 30, "b": 40},
-            xaxis={
-                "title": {"text": f"ms since {start:%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC"},
-                "rangemode": "tozero",
-            },
-            yaxis={
-                "type": "category",
-                "categoryorder": "array",
-                "categoryarray": [row_label[key] for key in reversed(rows)],
-            },
-        ),
-    }
-
-
 def _row_label(rank: int, pid: int) -> str:
     return f"rank {rank}" + (f" pid {pid}" if pid >= 0 else "")
 
 
-def _occ_text(occurrence: int) -> str:
-    return f" #{occurrence}" if occurrence != 1 else ""
-
-
 def _region_figure(region: Any) -> dict[str, Any]:
     ops = list(reversed(region.ops))  # plotly draws the first category at the bottom
+    names = [op.name for op in ops]
+    # Whole names are the categories (two may share a shortened label) and show in the hover;
+    # the axis shows them cut in the middle, so that a long one is never cut at its start.
+    labels = axis_labels(names)
     return {
         "data": [
             {
                 "type": "bar",
                 "orientation": "h",
-                "y": [op.name for op in ops],
+                "y": names,
                 "x": [round(op.self_ms, 3) for op in ops],
                 "marker": {"color": _BAR},
                 "hovertemplate": "%{y}: %{x:.3f} ms self time per trace<extra></extra>",
@@ -349,9 +324,18 @@ def _region_figure(region: Any) -> dict[str, Any]:
         ],
         "layout": _layout(
             height=max(160, 60 + 22 * len(ops)),
-            margin={"l": 220, "r": 20, "t": 10, "b": 40},
-            xaxis={"title": {"text": "self ms per trace"}, "rangemode": "tozero"},
-            yaxis={"type": "category", "automargin": True},
+            margin={"l": label_margin(labels), "r": 30, "t": 10, "b": 40},
+            xaxis={"title": {"text": "self ms"}, "rangemode": "tozero"},
+            # White ticks: a few pixels between the labels and the bars.
+            yaxis={
+                "type": "category",
+                "tickmode": "array",
+                "tickvals": names,
+                "ticktext": labels,
+                "ticks": "outside",
+                "ticklen": 6,
+                "tickcolor": "#ffffff",
+            },
         ),
     }
 
@@ -365,40 +349,3 @@ def _group_id(group: GroupSummary) -> str:
 
 def _anchor(role: str, stage: str, step: int, occurrence: int) -> str:
     return _e(f"g-{role}-{stage}-{step}-{occurrence}")
-
-
-def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
-
-
-_TEMPLATE_KEYS = frozenset({"hovertemplate", "texttemplate"})
-"""Figure keys whose strings are plotly templates written here (``<br>``, ``<extra>``), never
-data: every other string of a figure may hold a name from a trace."""
-
-
-def _chart_text(value: Any, key: str = "") -> Any:
-    """``value`` (a figure, or any part of one) with ``&``, ``<`` and ``>`` of its strings as
-    entities: plotly renders a subset of HTML in every text it draws (axis labels, legends,
-    hovers), so an operator named ``<a href=...>`` would be a live link. plotly shows the
-    entities as the characters themselves. Templates (:data:`_TEMPLATE_KEYS`) are kept.
-
-    >>> _chart_text({"y": ["<b>x</b>"], "hovertemplate": "%{y}<br>"})
-    {'y': ['&lt;b&gt;x&lt;/b&gt;'], 'hovertemplate': '%{y}<br>'}
-    """
-    if isinstance(value, str):
-        return value if key in _TEMPLATE_KEYS else html.escape(value, quote=False)
-    if isinstance(value, dict):
-        return {k: _chart_text(v, k) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_chart_text(v, key) for v in value]
-    return value
-
-
-_SCRIPT_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
-
-
-def _script_json(value: Iterable[Any]) -> str:
-    # Inside <script>, "</script" ends the element and "<!--" changes how the rest is parsed
-    # (an operator named "<!--<script>" swallowed the page's end): <, > and & go as \u escapes,
-    # the same text to JSON.parse, and none of them reaches the HTML parser.
-    return json.dumps(list(value), separators=(",", ":"), allow_nan=False).translate(_SCRIPT_ESCAPES)
