@@ -464,3 +464,21 @@ def test_one_rank_page_in_chromium_draws_no_one_bar_charts_and_cuts_no_text(one_
     (label,) = axis_labels([LONG_OP])
     assert label in actor["text"] and label.startswith("autograd::engine") and label.endswith("long name")
     assert "self ms" in actor["text"]
+
+
+def test_one_rank_of_many_steps_keeps_the_slowest_on_its_timeline_and_every_step_in_its_chart(tmp_path):
+    from torchstep_prof.traces.report_steps import TIMELINE_STEPS
+
+    folder = tmp_path / "many"
+    steps = range(1, TIMELINE_STEPS + 6)
+    slow = {3, 17, 44}
+    for step in steps:
+        write_trace(folder, step=step, sleep_s=0.03 if step in slow else 0.001)
+    page = tmp_path / "many.html"
+    done = cli("report", str(folder), "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    assert f"The timeline shows the {TIMELINE_STEPS} slowest of the {len(steps)} steps." in page.read_text()
+    timeline, stacked = figures(page)[:2]
+    rows = [int(y.split()[1]) for y in timeline["data"][0]["y"]]
+    assert len(rows) == TIMELINE_STEPS and rows == sorted(rows) and slow <= set(rows)
+    assert stacked["data"][0]["x"] == [f"step {step}" for step in steps]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 from .report import Report, TimelineBar
 from .report_text import escape
 
-__all__ = ["COLORS", "WHOLE_STEP", "region_colors", "steps_section", "timeline_figure"]
+__all__ = ["COLORS", "TIMELINE_STEPS", "WHOLE_STEP", "region_colors", "steps_section", "timeline_figure"]
 
 COLORS = (
     "#4C78A8", "#F58518", "#54A24B", "#B279A2", "#72B7B2",
@@ -103,33 +103,65 @@ def timeline_figure(
     }
 
 
+TIMELINE_STEPS = 40
+"""Most steps on a one-rank timeline (a row each): past this, the slowest steps (by the time in
+their regions), in step order. The stacked chart and the table cover every step."""
+
+
 def steps_section(report: Report, chart: Chart, layout: Callable[..., dict]) -> str:
     """The steps of a one-rank report: one timeline, the time per region stacked per step, and
     each region's spread over the steps."""
     colors = region_colors(report.bars)
+    times = _step_times(report.bars)
     steps = sorted({b.step for b in report.bars})
-    rows = [(f"step {step}", [b for b in report.bars if b.step == step]) for step in steps]
+    shown = steps
+    if len(steps) > TIMELINE_STEPS:
+        total = dict.fromkeys(steps, 0.0)
+        for (step, _), ms in times.inside.items():
+            total[step] += ms
+        shown = sorted(sorted(steps, key=lambda step: -total[step])[:TIMELINE_STEPS])
+    by_step: dict[int, list[TimelineBar]] = {}
+    for bar in report.bars:
+        by_step.setdefault(bar.step, []).append(bar)
+    rows = [(f"step {step}", by_step[step]) for step in shown]
     rank = report.bars[0].rank
     pids = sorted({b.pid for b in report.bars if b.pid is not None})
     who = f"rank {rank}" + (f" (pid {', '.join(map(str, pids))})" if pids else "")
+    which = "" if shown == steps else f" The timeline shows the {len(shown)} slowest of the {len(steps)} steps."
     return (
         '<section id="steps"><h2>Steps</h2>'
         f'<p class="meta">{len(steps)} step(s) of {escape(who)}: each step\'s regions from the '
-        "step's start (hover for the file), then each step's time per region.</p>"
+        f"step's start (hover for the file), then each step's time per region.{which}</p>"
         + chart(timeline_figure(rows, colors, own_clock=True, layout=layout), "timeline")
         + '<div class="grid wide">'
-        + chart(_stacked_figure(report.bars, steps, colors, layout), "steps")
-        + _spread_table(report.bars, steps)
+        + chart(_stacked_figure(times, steps, colors, layout), "steps")
+        + _spread_table(times, steps)
         + "</div></section>"
     )
 
 
-def _region_ms(bars: Sequence[TimelineBar], step: int, region: tuple[str, str]) -> float:
-    return sum(b.wall_ms for b in bars if b.step == step and not b.whole_step and (b.role, b.stage) == region)
+class _StepTimes:
+    """Wall ms per (step, region) of the regions' bars, and per step of the whole fused steps,
+    summed in one pass over the bars (a run of thousands of steps stays linear)."""
+
+    def __init__(self) -> None:
+        self.inside: dict[tuple[int, tuple[str, str]], float] = {}
+        self.whole: dict[int, float] = {}
+
+
+def _step_times(bars: Iterable[TimelineBar]) -> _StepTimes:
+    times = _StepTimes()
+    for b in bars:
+        if b.whole_step:
+            times.whole[b.step] = times.whole.get(b.step, 0.0) + b.wall_ms
+        else:
+            key = (b.step, (b.role, b.stage))
+            times.inside[key] = times.inside.get(key, 0.0) + b.wall_ms
+    return times
 
 
 def _stacked_figure(
-    bars: Sequence[TimelineBar], steps: Sequence[int], colors: dict[tuple[str, str], str], layout: Callable[..., dict]
+    times: _StepTimes, steps: Sequence[int], colors: dict[tuple[str, str], str], layout: Callable[..., dict]
 ) -> dict[str, Any]:
     labels = [f"step {step}" for step in steps]
     data = []
@@ -139,16 +171,15 @@ def _stacked_figure(
                 "type": "bar",
                 "name": f"{role}/{stage}",
                 "x": labels,
-                "y": [round(_region_ms(bars, step, (role, stage)), 3) for step in steps],
+                "y": [round(times.inside.get((step, (role, stage)), 0.0), 3) for step in steps],
                 "marker": {"color": color},
                 "hovertemplate": f"{escape(role)}/{escape(stage)}, %{{x}}: %{{y:.2f}} ms<extra></extra>",
             }
         )
-    outside = []
-    for step in steps:
-        whole = sum(b.wall_ms for b in bars if b.step == step and b.whole_step)
-        inside = sum(b.wall_ms for b in bars if b.step == step and not b.whole_step)
-        outside.append(round(max(0.0, whole - inside), 3) if whole else 0.0)
+    inside = {step: 0.0 for step in steps}
+    for (step, _), ms in times.inside.items():
+        inside[step] += ms
+    outside = [round(max(0.0, times.whole[step] - inside[step]), 3) if step in times.whole else 0.0 for step in steps]
     if any(outside):  # fused traces: the step's time outside every region, on top
         data.append(
             {
@@ -174,16 +205,13 @@ def _stacked_figure(
     }
 
 
-def _spread_table(bars: Sequence[TimelineBar], steps: Sequence[int]) -> str:
+def _spread_table(times: _StepTimes, steps: Sequence[int]) -> str:
+    per_region: dict[tuple[str, str], dict[int, float]] = {}
+    for (step, region), ms in times.inside.items():
+        per_region.setdefault(region, {})[step] = ms
     rows = []
-    for role, stage in sorted({(b.role, b.stage) for b in bars if not b.whole_step}):
-        per_step = {step: _region_ms(bars, step, (role, stage)) for step in steps}
-        ran = {
-            step: ms
-            for step, ms in per_step.items()
-            if any(b.step == step and (b.role, b.stage) == (role, stage) for b in bars)
-        }
-        slowest = max(ran, key=lambda step: ran[step])
+    for (role, stage), ran in sorted(per_region.items()):
+        slowest = max(sorted(ran), key=lambda step: ran[step])
         rows.append(
             f"<tr><td>{escape(role)}/{escape(stage)}</td><td>{len(ran)}</td>"
             f"<td>{statistics.median(ran.values()):.2f}</td><td>{min(ran.values()):.2f}</td>"
