@@ -367,3 +367,4 @@ def test_report_draws_waits_memory_and_the_baseline(late_rank: Path, two_runs, t
     # keep: a peak and a net bar per step; temp: a peak bar (its net is 0 MiB: no height).
     assert kinds["memory"]["bars"] >= 3 * 4
     assert kinds["diff"]["bars"] >= 1 and "aten::mm" in kinds["diff"]["text"]
+    assert [c["cut"] for c in probe["charts"]] == [[]] * len(probe["charts"])  # no name cut at its start

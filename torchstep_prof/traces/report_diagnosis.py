@@ -14,6 +14,7 @@ from typing import Any, Callable
 from .collectives import describe_waits
 from .memory import MIB, describe_memory
 from .report import Report
+from .report_text import AXIS_LABEL_CHARS, axis_labels, label_margin
 
 __all__ = ["baseline_section", "memory_section", "waits_section"]
 
@@ -138,12 +139,14 @@ def baseline_section(report: Report, chart: Chart) -> str:
         return ""
     ops = list(diff.ops[:DIFF_ROWS])
     shown = list(reversed(ops))  # plotly draws the first category at the bottom
+    names = [f"{o.region}: {o.name}" for o in shown]
+    labels = axis_labels(names, limit=2 * AXIS_LABEL_CHARS)  # a chart as wide as the page
     figure = {
         "data": [
             {
                 "type": "bar",
                 "orientation": "h",
-                "y": [f"{o.region}: {o.name}" for o in shown],
+                "y": names,
                 "x": [round(o.delta_ms, 3) for o in shown],
                 "marker": {"color": ["#D62728" if o.delta_ms > 0 else "#54A24B" for o in shown]},
                 "hovertemplate": "%{y}: %{x:+.3f} ms self time per trace<extra></extra>",
@@ -152,9 +155,11 @@ def baseline_section(report: Report, chart: Chart) -> str:
         "layout": _layout(
             height=max(180, 60 + 22 * len(shown)),
             showlegend=False,
-            margin={"l": 320, "r": 20, "t": 10, "b": 40},
+            margin={"l": label_margin(labels), "r": 30, "t": 10, "b": 40},
             xaxis={"title": {"text": "self ms per trace, test minus baseline"}},
-            yaxis={"type": "category", "automargin": True},
+            # Whole names are the categories and show in the hover; the axis shows them cut in
+            # the middle, never at their start.
+            yaxis={"type": "category", "tickmode": "array", "tickvals": names, "ticktext": labels},
         ),
     }
     region_rows = "".join(
