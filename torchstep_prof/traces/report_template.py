@@ -22,9 +22,10 @@ header, #findings { background: #fff; border: 1px solid #ddd; border-radius: 6px
 .card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 8px 10px; }
 .chart { min-height: 160px; }
 .grid.wide { grid-template-columns: minmax(0, 3fr) minmax(320px, 2fr); align-items: start; }
-.steps { background: #fff; border: 1px solid #ddd; border-radius: 6px; }
+.chart.steps { background: #fff; border: 1px solid #ddd; border-radius: 6px; }
+@media (max-width: 1100px) { .grid.wide { grid-template-columns: minmax(0, 1fr); } }
 table.spread { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 6px 10px;
-               font-size: 13px; }
+               font-size: 13px; white-space: nowrap; }
 .timeline { background: #fff; border: 1px solid #ddd; border-radius: 6px; margin-bottom: 12px; }
 table.diff { font-size: 12px; border-collapse: collapse; margin: 6px 0; }
 table.diff td, table.diff th { padding: 1px 10px 1px 0; text-align: right; }
