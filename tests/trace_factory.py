@@ -137,6 +137,31 @@ def write_trace(
     )
 
 
+def add_kernels(path: str | os.PathLike[str], kernels: tuple[tuple[float, float, int], ...]) -> float:
+    """Add CUDA kernel events to the plain ``.json`` trace at ``path``, shaped as Kineto writes
+    them with CUDA activity (``ph: X``, ``cat: kernel``, a device pid, a stream tid); each of
+    ``kernels`` is (start µs after the ``ProfilerStep`` range's start, duration µs, stream).
+    Returns the range's duration in µs (the region's span)."""
+    path = Path(path)
+    trace = json.loads(path.read_text())
+    step = next(e for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
+    for number, (offset, dur, stream) in enumerate(kernels):
+        trace["traceEvents"].append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": f"void gemm_kernel_{number}<float>(float const*, float*)",
+                "pid": 0,
+                "tid": stream,
+                "ts": step["ts"] + offset,
+                "dur": dur,
+                "args": {"device": 0, "stream": stream, "correlation": 1000 + number},
+            }
+        )
+    path.write_text(json.dumps(trace))
+    return float(step["dur"])
+
+
 def _busy_mm(seconds: float) -> None:
     big = torch.randn(256, 256)
     until = time.perf_counter() + seconds
