@@ -87,6 +87,10 @@ def machine() -> dict:
     found["cuda_bins"] = sorted(p.name for d in Path("/usr/local").glob("cuda*/bin") for p in d.iterdir() if "nsys" in p.name)
     found["gcc"] = shutil.which("gcc")
     found["kernel"] = os.uname().release
+    import inspect
+
+    found["record_memory_history"] = str(inspect.signature(torch.cuda.memory._record_memory_history))
+    found["nvtx_binding"] = getattr(torch._C, "_nvtx", None) is not None
     return found
 
 
