@@ -127,13 +127,15 @@ def cuda_traces(work: Path, out: Path) -> dict:
     per_trace = {}
     for path in sorted(folder.glob("*.json")):
         events = load_trace(str(path))["traceEvents"]
-        [step] = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+        steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+        [step] = [e for e in steps if e.get("cat") != "gpu_user_annotation"]
         start, end = step["ts"], step["ts"] + step["dur"]
         kernels = [e for e in events if e.get("cat") == "kernel"]
         runtime = [e for e in events if e.get("cat") == "cuda_runtime"]
         cuda_memory = [e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 1]
         per_trace[path.name.split("_pid")[0]] = {
             "wall_ms": round(step["dur"] / 1000, 3),
+            "step_range_copies": sorted(str(e.get("cat")) for e in steps),
             "kernels": len(kernels),
             "kernels_within_span": sum(start <= k["ts"] and k["ts"] + k["dur"] <= end for k in kernels),
             "kernels_starting_in_span": sum(start <= k["ts"] <= end for k in kernels),
@@ -184,7 +186,8 @@ def hta(work: Path) -> dict:
     out = work / "hta"
     made = sh(sys.executable, "-m", "torchstep_prof", "hta", folder, "--role", "train", "--stage", "forward", "--step", 2, "-o", out)
     found["hta_cmd"] = {"exit_code": made.returncode, "stderr": made.stderr[-800:], "files": sorted(os.listdir(out)) if out.exists() else []}
-    analysis = TraceAnalysis(trace_dir=str(out))
+    # Each trace holds one step: HTA leaves a trace's last step out unless told to keep it.
+    analysis = TraceAnalysis(trace_dir=str(out), include_last_profiler_step=True)
     breakdown = analysis.get_temporal_breakdown(visualize=False)
     found["temporal_breakdown"] = breakdown.to_string()
     found["status"] = "ok" if made.returncode == 0 and len(breakdown) >= 1 else "FAIL"

@@ -114,7 +114,8 @@ def _run_cuda_region(tmp_path: Path, *contents: str, keep_mib: int = 0, steps: t
 
 
 def _step_span(trace: dict) -> tuple[float, float]:
-    [step] = [e for e in events(trace) if str(e.get("name", "")).startswith("ProfilerStep#")]
+    # The CPU's range: with CUDA, Kineto adds a copy on the GPU timeline (gpu_user_annotation).
+    [step] = [e for e in events(trace) if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"]
     return float(step["ts"]), float(step["ts"]) + float(step["dur"])
 
 
