@@ -142,6 +142,7 @@ def cuda_traces(work: Path, out: Path) -> dict:
             "runtime_calls": len(runtime),
             "runtime_calls_in_span": sum(start <= r["ts"] <= end for r in runtime),
             "cuda_memory_events": len(cuda_memory),
+            "cuda_events_at_ts_0": sum(e.get("ts") == 0 for e in kernels + runtime),
         }
     found["traces"] = per_trace
     table = sh(sys.executable, "-m", "torchstep_prof", "summarize", folder, env={"COLUMNS": "160"})
@@ -157,7 +158,10 @@ def cuda_traces(work: Path, out: Path) -> dict:
     found["report"] = {"exit_code": report.returncode, "stderr": report.stderr[-500:], "gpu_lines": text.count("GPU (kernels inside the region) median")}
     ok = (
         done.returncode == 0
-        and all(t["kernels"] and t["runtime_calls_in_span"] and t["kernels_starting_in_span"] for t in per_trace.values())
+        and all(
+            t["kernels"] and t["runtime_calls_in_span"] == t["runtime_calls"] and t["kernels_starting_in_span"] and not t["cuda_events_at_ts_0"]
+            for t in per_trace.values()
+        )
         and "gpu ms" in found["exit_summary"]
         and "gpu ms" in found["summarize"]
         and found["report"]["gpu_lines"] > 0

@@ -138,6 +138,33 @@ def test_cuda_trace_holds_kernels_and_runtime_calls_inside_the_region(tmp_path) 
 
 
 @needs_cuda
+def test_back_to_back_cuda_traces_keep_their_cuda_events_times(tmp_path) -> None:
+    # Three traces a step, one right after the other, no synchronize: each trace's export
+    # must be done before the next window starts, or its CUDA events come out at ts 0, dur 0.
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024)).cuda()
+    x = torch.randn(256, 1024, device="cuda")
+    with tsp.configure(save_path=str(tmp_path), summary=False), tsp.schedule(steps=[2, 3]), tsp.contents("cpu", "cuda"):
+        for n in (1, 2, 3):
+            with tsp.step(n):
+                with tsp.profile_region("train", "forward"):
+                    loss = model(x).square().mean()
+                with tsp.profile_region("train", "backward"):
+                    loss.backward()
+                with tsp.profile_region("train", "zero"):
+                    model.zero_grad()
+    tsp.flush()
+    files = trace_files(tmp_path)
+    assert len(files) == 6
+    for path in files:
+        trace = load_trace(path)
+        start, end = _step_span(trace)
+        runtime = [e for e in events(trace) if e.get("cat") == "cuda_runtime" and "Launch" in e["name"]]
+        assert runtime or "zero" in path.name, path.name
+        outside = [(r["name"], r["ts"] - start) for r in runtime if not start <= r["ts"] <= end]
+        assert not outside, (path.name, end - start, outside)
+
+
+@needs_cuda
 def test_memory_holds_cuda_allocations(tmp_path) -> None:
     _run_cuda_region(tmp_path, "cpu", "cuda", "memory", keep_mib=64)
     [path] = trace_files(tmp_path)

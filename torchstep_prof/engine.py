@@ -190,6 +190,9 @@ class Engine:
     def _starting(self, frame: Frame) -> None:
         self.ensure_atexit()
         self.summary_wanted = frame.config.summary
+        if self._writer is not None:
+            # A CUDA trace still being exported would lose its CUDA events' times to this start.
+            self._writer.wait_for_cuda_exports()
 
     def stop_session(self, session: TraceSession) -> None:
         """Stop ``session`` (always), then hand it to the background writer when its step

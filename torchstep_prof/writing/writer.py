@@ -91,6 +91,7 @@ class TraceWriter:
         self._cleaned: set[str] = set()  # folders already rid of dead processes' temporaries
         self._reported: set[tuple[str, str]] = set()
         self._writes = itertools.count(1)
+        self._cuda_target = 0  # the queue count up to the last job holding CUDA activity
         self._host = host_label()
         self._unregister = background.add(background.WRITES, self.flush)
 
@@ -106,6 +107,8 @@ class TraceWriter:
         with self._lock:
             self._queue.append(job)
             self._queued += 1
+            if records_cuda(session.config.contents):
+                self._cuda_target = self._queued
             self._changed.notify_all()
             target = self._queued - MAX_PENDING
         if not self._ensure_thread():
@@ -128,6 +131,17 @@ class TraceWriter:
             self._drain_here()
             return True
         return self._wait_until(target, timeout, count=count)
+
+    def wait_for_cuda_exports(self) -> None:
+        """Wait until every queued trace holding CUDA activity is written: a profiler started
+        while one is exported leaves that trace's CUDA events with zero times (seen with torch
+        2.11 and CUDA 13: kernels and runtime calls at ts 0, dur 0), so the next window's start
+        waits for them. CPU-only traces keep being exported beside the next window."""
+        with self._lock:
+            target = self._cuda_target
+            if self._done >= target:
+                return
+        self._wait_until(target, None, count=True)
 
     @property
     def has_pending(self) -> bool:
