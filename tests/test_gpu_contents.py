@@ -73,7 +73,9 @@ def test_snapshot_file_is_named_like_its_trace_and_never_replaces_one(tmp_path) 
     temporary = str(tmp_path / ".torchstep_prof-partial-h-7-1.partial.pickle")
     snapshot = {"segments": [], "device_traces": [[{"action": "alloc", "size": 512}]]}
     path, problem = _snapshot.write_snapshot(snapshot, temporary, str(trace))
-    assert problem is None and path == str(tmp_path / "actor_update_step3_rank0-of-1_pid7_20260101000000000.memory_snapshot.pickle")
+    assert problem is None and path == str(
+        tmp_path / "actor_update_step3_rank0-of-1_pid7_20260101000000000.memory_snapshot.pickle"
+    )
     with open(path, "rb") as f:
         assert pickle.load(f) == snapshot
     again, problem = _snapshot.write_snapshot({"other": 1}, temporary, str(trace))
@@ -99,7 +101,11 @@ def _run_cuda_region(tmp_path: Path, *contents: str, keep_mib: int = 0, steps: t
     with ``keep_mib``, an inner region allocates that many MiB and keeps them alive."""
     kept = []
     x = torch.randn(1024, 1024, device="cuda")
-    with tsp.configure(save_path=str(tmp_path), summary=False), tsp.schedule(steps=list(steps)), tsp.contents(*contents):
+    with (
+        tsp.configure(save_path=str(tmp_path), summary=False),
+        tsp.schedule(steps=list(steps)),
+        tsp.contents(*contents),
+    ):
         for n in steps:
             with tsp.step(n), tsp.profile_region("actor", "update"):
                 with tsp.profile_region("actor", "forward"):
@@ -115,7 +121,11 @@ def _run_cuda_region(tmp_path: Path, *contents: str, keep_mib: int = 0, steps: t
 
 def _step_span(trace: dict) -> tuple[float, float]:
     # The CPU's range: with CUDA, Kineto adds a copy on the GPU timeline (gpu_user_annotation).
-    [step] = [e for e in events(trace) if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"]
+    [step] = [
+        e
+        for e in events(trace)
+        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"
+    ]
     return float(step["ts"]), float(step["ts"]) + float(step["dur"])
 
 
@@ -215,7 +225,9 @@ def test_nvtx_ranges_are_pushed_for_the_selected_step(tmp_path) -> None:
     (tmp_path / "job.py").write_text(NVTX_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
     env.update(PYTHONPATH=str(REPO), NVTX_INJECTION64_PATH=str(library), NVTX_LOG_FILE=str(log))
-    done = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     pushes = [line.split(" ", 2)[1:] for line in log.read_text().splitlines() if line.startswith("push ")]
     assert ["0", "ProfilerStep#2"] in pushes and ["1", "actor/update"] in pushes and ["2", "actor/forward"] in pushes

@@ -13,7 +13,7 @@ import json
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from torch.profiler import ProfilerActivity, record_function
@@ -152,9 +152,10 @@ class TraceSession:
         """Whether a region entered here may be a torch range: in the owner's thread and task."""
         return self.owner_thread == threading.get_ident() and self.owner_task is running_task()
 
-    def span(self, name: str, role: str) -> ThreadSpan:
+    def span(self, name: str, role: str) -> Union[ThreadSpan, NvtxRange]:
         """A region's span in this trace (for a region outside the owner's thread or task); a
-        fused trace takes its role when the span opens, as long as the trace records."""
+        fused trace takes its role when the span opens, as long as the trace records. With
+        ``nvtx``, inside an NVTX range (pushed in that thread)."""
         if self.fused:
             sanitize_label(role, "role")  # a bad label is the region's ValueError at entry
             span = ThreadSpan(self.spans, name, role)
@@ -246,7 +247,7 @@ class TraceSession:
         except BaseException:  # a Ctrl-C inside torch's start: none of it may stay on
             settle_own_profile(prof, stopping=False)
             if self.memory_history is not None:
-                self.memory_history.stop()
+                self.memory_history.stop(take=False)
             raise
         mark_own(prof)
         self._profile = prof
@@ -261,7 +262,7 @@ class TraceSession:
             self._ranges.close()
             prof.stop()
             if self.memory_history is not None:
-                self.memory_history.stop()
+                self.memory_history.stop(take=False)
             self._profile = None
             raise
         self._profiles_at_start = profiles_state()

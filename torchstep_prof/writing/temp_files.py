@@ -15,7 +15,15 @@ import re
 import socket
 from typing import Iterator
 
-__all__ = ["SNAPSHOT_TEMP_SUFFIX", "TEMP_PREFIX", "host_label", "leftovers_of", "remove", "remove_dead_temporaries", "temporary_path"]
+__all__ = [
+    "SNAPSHOT_TEMP_SUFFIX",
+    "TEMP_PREFIX",
+    "host_label",
+    "leftovers_of",
+    "remove",
+    "remove_dead_temporaries",
+    "temporary_path",
+]
 
 TEMP_PREFIX = ".torchstep_prof-partial-"
 TORCH_TEMP_SUFFIX = ".tmp"  # Kineto writes ``<path>.tmp``, then renames it to ``<path>``
@@ -24,7 +32,9 @@ SNAPSHOT_TEMP_SUFFIX = ".pickle"  # a CUDA memory snapshot on its way (memory_sn
 _MAX_HOST = 40  # the final name may be near 255 bytes; the temporary must stay far under it
 
 _TEMPORARY = re.compile(
-    r"^" + re.escape(TEMP_PREFIX) + r"(?P<host>[0-9A-Za-z.=+-]+)-(?P<pid>\d+)-(?P<n>\d+)\.partial(\.tmp|\.gz|\.pickle)*$"
+    r"^"
+    + re.escape(TEMP_PREFIX)
+    + r"(?P<host>[0-9A-Za-z.=+-]+)-(?P<pid>\d+)-(?P<n>\d+)\.partial(\.tmp|\.gz|\.pickle)*$"
 )
 
 
