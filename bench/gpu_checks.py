@@ -231,13 +231,21 @@ def hta(work: Path) -> dict:
 
 
 NVTX_JOB = """
-import sys, torch, torchstep_prof as tsp
+import sys, threading, torch, torchstep_prof as tsp
 x = torch.randn(1024, 1024, device="cuda")
+
+def fetch():  # another thread's region while the trace records: a span, an NVTX start/end range
+    with tsp.profile_region("loader", "fetch"):
+        torch.ones(16, device="cuda").sum().item()
+
 with tsp.configure(save_path=sys.argv[1], summary=False), tsp.schedule(steps=[2]), tsp.contents("cpu", "cuda", "nvtx"):
     for n in (1, 2, 3):
         with tsp.step(n), tsp.profile_region("actor", "update"):
             with tsp.profile_region("actor", "forward"):
                 (x @ x).sum().item()
+            worker = threading.Thread(target=fetch)
+            worker.start()
+            worker.join()
 """
 
 
@@ -274,7 +282,11 @@ def nvtx(work: Path) -> dict:
     found["injection"] = {"exit_code": ran.returncode, "stderr": ran.stderr[-800:], "log": lines[:40]}
     pushes = [line for line in lines if line.startswith("push ")]
     wanted = ["push 0 ProfilerStep#2", "push 1 actor/update", "push 2 actor/forward"]
-    ok = all(w in pushes for w in wanted) and len([p for p in pushes if "actor/" in p]) == 2
+    starts = [line.split(" ", 2) for line in lines if line.startswith("start ")]
+    ends = [line.split(" ") for line in lines if line.startswith("end ")]
+    spans_ok = [s[2] for s in starts] == ["loader/fetch"] and [e[1] for e in ends] == [starts[0][1]]
+    found["injection"]["other_thread_span_ok"] = spans_ok
+    ok = all(w in pushes for w in wanted) and len([p for p in pushes if "actor/" in p]) == 2 and spans_ok
     found["status"] = "ok" if ok and ran.returncode == 0 else "FAIL"
     return found
 

@@ -1,7 +1,7 @@
 /* An NVTX injection library that logs range pushes and pops to a file: reads back the NVTX
  * ranges a process pushes without Nsight Systems. Load it with
  * NVTX_INJECTION64_PATH=<this .so> and NVTX_LOG_FILE=<path>. One line per event:
- * "push <depth> <name>" or "pop <depth>", depth per thread. */
+ * "push <depth> <name>" or "pop <depth>" (depth per thread), "start <id> <name>" or "end <id>". */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,11 +15,19 @@ typedef struct {
 } NvtxExportTableCallbacks;
 typedef const void *(*NvtxGetExportTableFunc_t)(uint32_t export_table_id);
 
-enum { ETID_CALLBACKS = 1, MODULE_CORE = 1, CBID_RANGE_PUSH_A = 9, CBID_RANGE_POP = 11 };
+enum {
+    ETID_CALLBACKS = 1,
+    MODULE_CORE = 1,
+    CBID_RANGE_START_A = 5,
+    CBID_RANGE_END = 7,
+    CBID_RANGE_PUSH_A = 9,
+    CBID_RANGE_POP = 11
+};
 
 static FILE *out;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int depth;
+static uint64_t next_id = 1;
 
 static int push_a(const char *name) {
     pthread_mutex_lock(&lock);
@@ -37,6 +45,23 @@ static int pop(void) {
     return --depth;
 }
 
+static uint64_t start_a(const char *name) {
+    uint64_t id;
+    pthread_mutex_lock(&lock);
+    id = next_id++;
+    fprintf(out, "start %llu %s\n", (unsigned long long)id, name ? name : "");
+    fflush(out);
+    pthread_mutex_unlock(&lock);
+    return id;
+}
+
+static void end(uint64_t id) {
+    pthread_mutex_lock(&lock);
+    fprintf(out, "end %llu\n", (unsigned long long)id);
+    fflush(out);
+    pthread_mutex_unlock(&lock);
+}
+
 int InitializeInjectionNvtx2(NvtxGetExportTableFunc_t get_export_table) {
     const char *path = getenv("NVTX_LOG_FILE");
     const NvtxExportTableCallbacks *callbacks;
@@ -49,6 +74,8 @@ int InitializeInjectionNvtx2(NvtxGetExportTableFunc_t get_export_table) {
         return 0;
     *table[CBID_RANGE_PUSH_A] = (NvtxFunctionPointer)push_a;
     *table[CBID_RANGE_POP] = (NvtxFunctionPointer)pop;
+    *table[CBID_RANGE_START_A] = (NvtxFunctionPointer)start_a;
+    *table[CBID_RANGE_END] = (NvtxFunctionPointer)end;
     fprintf(out, "init\n");
     fflush(out);
     return 1;

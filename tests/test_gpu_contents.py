@@ -201,13 +201,21 @@ def test_memory_snapshot_is_written_next_to_its_trace_and_history_is_cleared(tmp
 
 
 NVTX_SCRIPT = """
-import torch, torchstep_prof as tsp
-x = torch.randn(256, 256, device="cuda")
-with tsp.configure(save_path="out", summary=False), tsp.schedule(steps=[2]), tsp.contents("cpu", "cuda", "nvtx"):
+import sys, threading, torch, torchstep_prof as tsp
+x = torch.randn(1024, 1024, device="cuda")
+
+def fetch():  # another thread's region while the trace records: a span, an NVTX start/end range
+    with tsp.profile_region("loader", "fetch"):
+        torch.ones(16, device="cuda").sum().item()
+
+with tsp.configure(save_path=sys.argv[1], summary=False), tsp.schedule(steps=[2]), tsp.contents("cpu", "cuda", "nvtx"):
     for n in (1, 2, 3):
         with tsp.step(n), tsp.profile_region("actor", "update"):
             with tsp.profile_region("actor", "forward"):
                 (x @ x).sum().item()
+            worker = threading.Thread(target=fetch)
+            worker.start()
+            worker.join()
 """
 
 
@@ -226,7 +234,7 @@ def test_nvtx_ranges_are_pushed_for_the_selected_step(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHSTEP_PROF_")}
     env.update(PYTHONPATH=str(REPO), NVTX_INJECTION64_PATH=str(library), NVTX_LOG_FILE=str(log))
     done = subprocess.run(
-        [sys.executable, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "job.py", "out"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     pushes = [line.split(" ", 2)[1:] for line in log.read_text().splitlines() if line.startswith("push ")]
@@ -234,3 +242,7 @@ def test_nvtx_ranges_are_pushed_for_the_selected_step(tmp_path) -> None:
     assert len([p for p in pushes if p[1].startswith("actor/")]) == 2  # the selected step only
     lines = log.read_text().splitlines()
     assert len([x for x in lines if x.startswith("pop ")]) == len(pushes)  # every range closed
+    # The other thread's region (a span): a start / end range, once, ended.
+    starts = [line.split(" ", 2) for line in lines if line.startswith("start ")]
+    assert [s[2] for s in starts] == ["loader/fetch"]
+    assert [line.split(" ")[1] for line in lines if line.startswith("end ")] == [starts[0][1]]

@@ -2,9 +2,10 @@
 
 Nsight Systems (``nsys profile``) shows NVTX ranges on its timeline; torch's own ranges live only
 in torch's trace. So, while a trace records with ``nvtx`` in its contents, every region range
-(the owner's, the regions nested in it, other threads' spans) is wrapped in
-``torch.cuda.nvtx.range_push`` / ``range_pop`` of the same name, in the thread that entered it
-(NVTX ranges are per thread, as torch's are). Unselected steps push nothing: the idle region
+(the owner's, the regions nested in it) is wrapped in ``torch.cuda.nvtx.range_push`` /
+``range_pop`` of the same name, in the thread that entered it (NVTX ranges are per thread, as
+torch's are); other threads' and asyncio tasks' spans, whose entries need not nest, get a
+``range_start`` / ``range_end`` range instead. Unselected steps push nothing: the idle region
 stays the shared no-op. On a torch build without CUDA, NVTX is not there: one warning, then
 regions behave as without ``nvtx``.
 """
@@ -56,29 +57,43 @@ def nvtx_wanted(contents: tuple[str, ...]) -> bool:
 class NvtxRange:
     """``inner`` (a region's range or span, not yet entered) inside an NVTX range of ``name``.
 
-    Entered once, by one ``with`` (a fresh object per region, as the ranges it wraps are).
+    ``nested`` (the owner thread's ranges): a push / pop range, nested as torch's are. Otherwise
+    (spans: another thread's regions, or an asyncio task's, whose entries interleave) a
+    start / end range, which needs no nesting. Entered once, by one ``with`` (a fresh object
+    per region, as the ranges it wraps are).
 
     >>> with NvtxRange("actor/update", contextlib.nullcontext()):  # doctest: +SKIP
     ...     pass
     """
 
-    __slots__ = ("name", "inner")
+    __slots__ = ("name", "inner", "nested", "_id")
 
-    def __init__(self, name: str, inner: Any) -> None:
+    def __init__(self, name: str, inner: Any, *, nested: bool = True) -> None:
         self.name = name
         self.inner = inner
+        self.nested = nested
+        self._id = 0
 
     def __enter__(self) -> Any:
         nvtx = _nvtx_module()
-        nvtx.rangePushA(self.name)
+        if self.nested:
+            nvtx.rangePushA(self.name)
+        else:
+            self._id = nvtx.rangeStartA(self.name)
         try:
             return self.inner.__enter__()
         except BaseException:
-            nvtx.rangePop()
+            self._close(nvtx)
             raise
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
         try:
             return self.inner.__exit__(exc_type, exc, tb)
         finally:
-            _nvtx_module().rangePop()
+            self._close(_nvtx_module())
+
+    def _close(self, nvtx: Any) -> None:
+        if self.nested:
+            nvtx.rangePop()
+        else:
+            nvtx.rangeEnd(self._id)

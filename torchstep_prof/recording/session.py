@@ -161,7 +161,7 @@ class TraceSession:
             span = ThreadSpan(self.spans, name, role)
         else:
             span = ThreadSpan(self.spans, name)
-        return NvtxRange(name, span) if self.nvtx else span
+        return NvtxRange(name, span, nested=False) if self.nvtx else span
 
     # --- labels -------------------------------------------------------------------------------
 
