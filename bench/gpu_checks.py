@@ -350,6 +350,14 @@ def snapshot(work: Path) -> dict:
             "kept_alloc_has_python_frames": bool(big and big[0].get("frames")),
             "kept_alloc_frames": (big[0].get("frames") or [])[:3] if big else None,
         }
+    if snapshots:  # the offline form of PyTorch's memory viz renders it
+        page = work / "snapshot.html"
+        viz = sh(sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", snapshots[0], "-o", page)
+        found["memory_viz"] = {
+            "exit_code": viz.returncode,
+            "html_bytes": page.stat().st_size if page.exists() else 0,
+            "stderr": viz.stderr[-300:],
+        }
     found["history_after"] = sum(len(device) for device in torch.cuda.memory._snapshot()["device_traces"])
     doc = json.loads(sh(sys.executable, "-m", "torchstep_prof", "summarize", folder, "--json").stdout)
     found["summarize_memory"] = {
