@@ -19,7 +19,7 @@ from torchstep_prof.errors import ConfigError
 ALL_TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics"
 SCHEDULE_KEYS = "steps, skip_first, wait, warmup, active, repeat"
 HOOK_KEYS = "cmd, ranks, all_ranks, per_node, node_wait_s, timeout_s, relocate, wait"
-CONTENTS = "cpu, cuda, memory, shapes, stack, flops, modules"
+CONTENTS = "cpu, cuda, memory, shapes, stack, flops, modules, nvtx, memory_snapshot"
 
 
 def _only_plain_data(value: object) -> bool:

@@ -150,7 +150,7 @@ BAD_OVERRIDES = [
     (["schedule.wait=1.5"], ["schedule.wait: must be an integer (got 1.5)"]),
     (["schedule.wait='1'"], ["schedule.wait: must be an integer (got '1')"]),
     (["all_ranks=maybe"], ["all_ranks: must be true or false (got 'maybe')"]),
-    (["contents=[gpu]"], ["contents: 'gpu' is not one of cpu, cuda, memory, shapes, stack, flops, modules"]),
+    (["contents=[gpu]"], ["contents: 'gpu' is not one of cpu, cuda, memory, shapes, stack, flops, modules, nvtx, memory_snapshot"]),
     (["finish_hook.timeout_s=5"], ["finish_hook.cmd: required"]),
     (
         ["schedule=3", "schedule.wait=1"],

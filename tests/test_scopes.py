@@ -177,7 +177,7 @@ def test_asyncio_tasks_see_their_own_stack():
         (lambda: tsp.schedule(active=0), "schedule.active: must be >= 1 (got 0)"),
         (lambda: tsp.schedule(steps=[-1]), "schedule.steps[0]: must be >= 0 (got -1)"),
         (lambda: tsp.schedule(steps=[1], wait=2), "schedule.wait"),
-        (lambda: tsp.contents("gpu"), "contents: 'gpu' is not one of cpu, cuda, memory, shapes, stack, flops, modules"),
+        (lambda: tsp.contents("gpu"), "contents: 'gpu' is not one of cpu, cuda, memory, shapes, stack, flops, modules, nvtx, memory_snapshot"),
         (lambda: tsp.ranks(-1), "ranks[0]: must be >= 0 (got -1)"),
         (lambda: tsp.ranks(), "ranks"),
         (lambda: tsp.configure(save_pth="x"), "save_pth: unknown key (did you mean 'save_path'?)"),

@@ -12,7 +12,7 @@ import torchstep_prof as tsp
 from torchstep_prof import ProfilerConfig, ScheduleConfig
 from torchstep_prof.errors import ConfigError
 
-CONTENTS = "cpu, cuda, memory, shapes, stack, flops, modules"
+CONTENTS = "cpu, cuda, memory, shapes, stack, flops, modules, nvtx, memory_snapshot"
 FIELDS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics"
 PATH_RULE = "allowed: a path without '\"', '\\' or control characters"
 

@@ -137,6 +137,43 @@ def write_trace(
     )
 
 
+def add_kernels(path: str | os.PathLike[str], kernels: tuple[tuple[float, float, int], ...]) -> float:
+    """Add CUDA kernel events to the plain ``.json`` trace at ``path``, shaped as Kineto writes
+    them with CUDA activity (``ph: X``, ``cat: kernel``, a device pid, a stream tid, and the
+    step range's ``gpu_user_annotation`` copy spanning them); each of
+    ``kernels`` is (start µs after the ``ProfilerStep`` range's start, duration µs, stream).
+    Returns the range's duration in µs (the region's span)."""
+    path = Path(path)
+    trace = json.loads(path.read_text())
+    step = next(
+        e
+        for e in trace["traceEvents"]
+        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"
+    )
+    for number, (offset, dur, stream) in enumerate(kernels):
+        trace["traceEvents"].append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": f"void gemm_kernel_{number}<float>(float const*, float*)",
+                "pid": 0,
+                "tid": stream,
+                "ts": step["ts"] + offset,
+                "dur": dur,
+                "args": {"device": 0, "stream": stream, "correlation": 1000 + number},
+            }
+        )
+    if kernels:
+        # Kineto's copy of the step's range on the GPU timeline, spanning its kernels; it may
+        # come first in the file (readers must take the CPU range for the wall time).
+        first = min(step["ts"] + offset for offset, _, _ in kernels)
+        last = max(step["ts"] + offset + dur for offset, dur, _ in kernels)
+        copy = dict(step, cat="gpu_user_annotation", pid=0, tid=kernels[0][2], ts=first, dur=last - first)
+        trace["traceEvents"].insert(0, copy)
+    path.write_text(json.dumps(trace))
+    return float(step["dur"])
+
+
 def _busy_mm(seconds: float) -> None:
     big = torch.randn(256, 256)
     until = time.perf_counter() + seconds

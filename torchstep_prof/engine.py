@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from ._fork import at_fork_in_child
 from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
 from .recording.range_names import range_name
+from .recording.nvtx import NvtxRange
 from .recording.session import TraceSession, entered, new_range
 from .recording.slot import FOREIGN, OwnedTrace, ProfilerSlot
 from .region_metrics.endpoint import when_started as when_metrics_start
@@ -120,7 +121,7 @@ class Engine:
         if session.owns_here():
             if session.fused:
                 session.add_role(role)
-            return new_range(name)
+            return NvtxRange(name, new_range(name)) if session.nvtx else new_range(name)
         return session.span(name, role)
 
     def enter_step(self, frame: Frame, number: int, action: StepAction) -> Any:
@@ -189,6 +190,9 @@ class Engine:
     def _starting(self, frame: Frame) -> None:
         self.ensure_atexit()
         self.summary_wanted = frame.config.summary
+        if self._writer is not None:
+            # A CUDA trace still being exported would lose its CUDA events' times to this start.
+            self._writer.wait_for_cuda_exports()
 
     def stop_session(self, session: TraceSession) -> None:
         """Stop ``session`` (always), then hand it to the background writer when its step
@@ -222,6 +226,8 @@ class Engine:
         def on_written(record: TraceRecord) -> None:  # on the writer thread, once the file is final
             if hook_scope is not None and record.path is not None:
                 hook_scope.add_trace(record.path, roles)
+                if record.memory_snapshot is not None:  # shipped with its trace
+                    hook_scope.add_trace(record.memory_snapshot, roles)
             if session.left_open:
                 session.report_left_open(record)
 

@@ -169,7 +169,7 @@ def ranks(
 
 
 def contents(*items: str) -> contextlib.AbstractContextManager[ProfilerConfig]:
-    """Choose what traces hold: any of cpu, cuda, memory, shapes, stack, flops, modules.
+    """Choose what traces hold: any of cpu, cuda, memory, shapes, stack, flops, modules, nvtx, memory_snapshot.
 
     >>> import torchstep_prof as tsp
     >>> with tsp.contents("cpu", "shapes", "memory"):

@@ -65,7 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--ranks", metavar="LIST", type=_int_list("--ranks"), help="global ranks that profile (default 0)"
     )
     where.add_argument("--all-ranks", action="store_true", help="every rank profiles")
-    where.add_argument("--contents", metavar="LIST", help="cpu,cuda,memory,shapes,stack,flops,modules")
+    where.add_argument(
+        "--contents", metavar="LIST", help="cpu,cuda,memory,shapes,stack,flops,modules,nvtx,memory_snapshot"
+    )
     where.add_argument(
         "--region",
         metavar="CLASS[=ROLE[/STAGE]]",

@@ -51,7 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     who.add_argument("--ranks", metavar="LIST", type=_int_list("--ranks"), help="global ranks that profile")
     who.add_argument("--all-ranks", action="store_true", help="every rank profiles (the default)")
     parser.add_argument(
-        "--contents", metavar="LIST", help="cpu,cuda,memory,shapes,stack,flops,modules (default: the job's)"
+        "--contents",
+        metavar="LIST",
+        help="cpu,cuda,memory,shapes,stack,flops,modules,nvtx,memory_snapshot (default: the job's)",
     )
     parser.add_argument("--discrete", action="store_true", help="one trace per region instead of one per step")
     parser.set_defaults(func=trigger, trigger_parser=parser)

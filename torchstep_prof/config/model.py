@@ -18,7 +18,17 @@ from ..traces.names import sanitize_label
 
 __all__ = ["CONTENT_NAMES", "FinishHookConfig", "MetricsConfig", "OnDemandConfig", "ProfilerConfig", "ScheduleConfig"]
 
-CONTENT_NAMES: tuple[str, ...] = ("cpu", "cuda", "memory", "shapes", "stack", "flops", "modules")
+CONTENT_NAMES: tuple[str, ...] = (
+    "cpu",
+    "cuda",
+    "memory",
+    "shapes",
+    "stack",
+    "flops",
+    "modules",
+    "nvtx",
+    "memory_snapshot",
+)
 """What a trace can hold, as named in ``contents``."""
 
 DEFAULT_SAVE_PATH = "outputs/profile"

@@ -13,12 +13,14 @@ import json
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.profiler import profile as Profile  # (the class has a ``profile`` property)
 
+from .memory_history import MemoryHistory
+from .nvtx import NvtxRange, nvtx_wanted
 from .foreign import disturbed_since, kineto_recording, mark_own, new_own_profile, profiles_state, settle_own_profile
 from .spans import SpanLog, ThreadSpan, running_task
 from ..config.model import ProfilerConfig
@@ -30,7 +32,7 @@ from ..topology import Topology, distributed_initialized
 if TYPE_CHECKING:
     from ..summary.records import TraceRecord
 
-__all__ = ["TraceSession", "entered", "new_range", "profiler_kwargs"]
+__all__ = ["TraceSession", "entered", "new_range", "profiler_kwargs", "records_cuda"]
 
 FUSED_STAGE = "train"
 FUSED_DEFAULT_ROLE = "main"
@@ -59,6 +61,11 @@ def _cuda_available() -> bool:
 
 
 _warned_no_cuda = False
+
+
+def records_cuda(contents: tuple[str, ...]) -> bool:
+    """Whether traces recorded with ``contents`` hold CUDA activity (kernels)."""
+    return ProfilerActivity.CUDA in profiler_kwargs(contents)["activities"]
 
 
 @functools.lru_cache(maxsize=32)
@@ -132,6 +139,11 @@ class TraceSession:
         # Why torch's stop left nothing to export (the writer records it as the trace's failure).
         self.no_output: Optional[str] = None
         self._ranges = contextlib.ExitStack()
+        # contents("nvtx"): regions also push NVTX ranges (nvtx.py); contents("memory_snapshot"):
+        # the CUDA allocator's history of this window (memory_history.py), handed to the writer.
+        self.nvtx = nvtx_wanted(config.contents)
+        self.memory_history = MemoryHistory.wanted(config.contents)
+        self.memory_snapshot: Optional[dict[str, Any]] = None
         # Other threads' and tasks' regions; also guards ``roles``, frozen when the trace stops
         # (a role added later is in neither the file name nor the metadata).
         self.spans = SpanLog(self.owner_thread, self.roles)
@@ -140,13 +152,16 @@ class TraceSession:
         """Whether a region entered here may be a torch range: in the owner's thread and task."""
         return self.owner_thread == threading.get_ident() and self.owner_task is running_task()
 
-    def span(self, name: str, role: str) -> ThreadSpan:
+    def span(self, name: str, role: str) -> Union[ThreadSpan, NvtxRange]:
         """A region's span in this trace (for a region outside the owner's thread or task); a
-        fused trace takes its role when the span opens, as long as the trace records."""
+        fused trace takes its role when the span opens, as long as the trace records. With
+        ``nvtx``, inside an NVTX range (pushed in that thread)."""
         if self.fused:
             sanitize_label(role, "role")  # a bad label is the region's ValueError at entry
-            return ThreadSpan(self.spans, name, role)
-        return ThreadSpan(self.spans, name)
+            span = ThreadSpan(self.spans, name, role)
+        else:
+            span = ThreadSpan(self.spans, name)
+        return NvtxRange(name, span, nested=False) if self.nvtx else span
 
     # --- labels -------------------------------------------------------------------------------
 
@@ -225,28 +240,38 @@ class TraceSession:
         """Start torch's profiler and open the step and owner ranges. Raises if torch fails."""
         t0 = time.perf_counter()
         prof = new_own_profile(**profiler_kwargs(self.config.contents))
+        if self.memory_history is not None:
+            self.memory_history.start()
         try:
             prof.start()
         except BaseException:  # a Ctrl-C inside torch's start: none of it may stay on
             settle_own_profile(prof, stopping=False)
+            if self.memory_history is not None:
+                self.memory_history.stop(take=False)
             raise
         mark_own(prof)
         self._profile = prof
         try:
             # The row torch's own schedule writes per step: HTA and others find iterations by it.
-            self._ranges.enter_context(record_function(f"ProfilerStep#{self.step}"))
+            step_range = f"ProfilerStep#{self.step}"
+            self._ranges.enter_context(self._with_nvtx(step_range, record_function(step_range)))
             if not self.fused:
                 name = range_label(f"{self.owner_role}/{self.owner_stage}")
-                self._ranges.enter_context(new_range(name))
+                self._ranges.enter_context(self._with_nvtx(name, new_range(name)))
         except BaseException:
             self._ranges.close()
             prof.stop()
+            if self.memory_history is not None:
+                self.memory_history.stop(take=False)
             self._profile = None
             raise
         self._profiles_at_start = profiles_state()
         now = time.perf_counter()
         self.start_s = now - t0
         self._t0 = now
+
+    def _with_nvtx(self, name: str, marker: Any) -> Any:
+        return NvtxRange(name, marker) if self.nvtx else marker
 
     def stop(self) -> None:
         """Close the ranges, attach the metadata, stop torch's profiler (always: also when a
@@ -297,6 +322,11 @@ class TraceSession:
                     finally:
                         self._stop_torch(prof)
             finally:
+                if self.memory_history is not None:
+                    # After torch's stop (which must happen whatever this does); never raises.
+                    # The history is cleared either way, so the next window starts empty.
+                    take = self.action is StepAction.RECORD and self.lost is None
+                    self.memory_snapshot = self.memory_history.stop(take=take)
                 self.stop_s = time.perf_counter() - t0
 
     def _stop_torch(self, prof: Profile) -> None:
@@ -321,6 +351,7 @@ class TraceSession:
         and, after a failed export (a full disk), torch's ``.tmp`` file open, so its space
         would stay taken until a garbage collection found the profile object."""
         prof, self._profile = self._profile, None
+        self.memory_snapshot = None
         inner = getattr(prof, "profiler", None)
         if inner is not None and hasattr(inner, "kineto_results"):
             inner.kineto_results = None

@@ -180,9 +180,15 @@ class ProfilerSlot:
             session.holds_ctrl_c = main_trace_began()
             if self.state is _STARTING:
                 self.state = _RECORDING
-            if role is not None and current is not None and session.owner_task is None and frame.metrics is None:
+            if (
+                role is not None
+                and current is not None
+                and session.owner_task is None
+                and frame.metrics is None
+                and not session.nvtx
+            ):
                 # Regions nested here, in this thread (outside asyncio), need no counter and no
-                # checks (a timed region is never a bare range).
+                # checks (a timed region is never a bare range, nor one with an NVTX range).
                 NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
         if held.noted:
             # A Ctrl-C came while torch started: the block will not run, and its caller does

@@ -108,6 +108,14 @@ def _display(path: str, folder: str | None) -> str:
     return os.path.basename(path) if folder is not None else _short_path(path)
 
 
+def _gpu_column(data: ProfilingRecords) -> list[tuple[str, str, list[str]]]:
+    """The ``gpu ms`` column (time CUDA kernels ran inside each region: traces/gpu_time.py),
+    blank for a trace without kernels; none when no trace holds kernels."""
+    if all(t.gpu_ms is None for t in data.traces):
+        return []
+    return [("gpu ms", "right", ["" if t.gpu_ms is None else f"{t.gpu_ms:.1f}" for t in data.traces])]
+
+
 def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
     """The summary of ``data``: a title, one table line per trace, then hooks, costs and what
     needs attention, one line each. ``width`` (the console's) decides whether file names fit
@@ -139,6 +147,7 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         *([("occ", "right", [str(t.occurrence) for t in data.traces])] if show_occ else []),
         ("rank", "right", [str(t.rank) for t in data.traces]),
         ("wall ms", "right", [f"{t.wall_s * 1000:.1f}" for t in data.traces]),
+        *_gpu_column(data),
         ("size", "right", [_size(t.size_bytes) if t.ok else "-" for t in data.traces]),
         ("file", "left", files),
     ]

@@ -52,12 +52,19 @@ class OpTime:
     self_ms: float
 
 
+GPU_ANNOTATION = "gpu_user_annotation"
+"""With CUDA activity, Kineto copies each ``record_function`` range (``ProfilerStep#<n>`` too)
+onto the GPU's timeline under this category, spanning the kernels launched inside it: not the
+region's wall time, which is the CPU range's."""
+
+
 def region_time(events: list[Any], step: int) -> tuple[float, float | None]:
-    """(wall ms, start µs relative to the base time) of the ``ProfilerStep#<step>`` range, else
-    of every complete event together (torch's own profiler-span rows aside)."""
+    """(wall ms, start µs relative to the base time) of the ``ProfilerStep#<step>`` range (the
+    CPU's, never its GPU copy), else of every complete event together (torch's own
+    profiler-span rows aside)."""
     chosen = None
     for event in events:
-        if not isinstance(event, dict) or event.get("ph") != "X":
+        if not isinstance(event, dict) or event.get("ph") != "X" or event.get("cat") == GPU_ANNOTATION:
             continue
         match = _PROFILER_STEP.match(str(event.get("name", "")))
         dur, ts = _number(event.get("dur"), duration=True), _number(event.get("ts"))

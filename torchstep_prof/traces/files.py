@@ -19,6 +19,7 @@ import attrs
 
 from .events import MAX_TIME_US, OpTime, absurd_times, iter_events, region_ranges, region_time, top_ops
 from .collective_calls import CollectiveCall, read_collectives
+from .gpu_time import gpu_busy_ms
 from .fused import FusedRegions, RegionSpan, RegionTopOps, read_fused_regions
 from .loading import TraceReadError, describe_error as _describe, load_trace
 from .memory_events import MemoryUse, read_memory
@@ -66,6 +67,8 @@ class TraceInfo:
     (:mod:`~torchstep_prof.traces.fused`). ``collectives`` are its collective events in order
     (:mod:`~torchstep_prof.traces.collective_calls`), ``memory`` its ``[memory]`` events per device
     (:mod:`~torchstep_prof.traces.memory_events`; empty unless recorded with ``contents("memory")``).
+    ``gpu_ms`` is the time kernels ran inside the ``ProfilerStep`` range
+    (:mod:`~torchstep_prof.traces.gpu_time`; None unless recorded with ``contents("cuda")``).
     """
 
     path: str
@@ -88,6 +91,7 @@ class TraceInfo:
     region_ops: Tuple[RegionTopOps, ...] = ()
     collectives: Tuple[CollectiveCall, ...] = ()
     memory: Tuple[MemoryUse, ...] = ()
+    gpu_ms: Optional[float] = None
 
 
 @attrs.frozen(kw_only=True)
@@ -200,6 +204,7 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
         region_ops=fused.region_ops,
         collectives=read_collectives(events),
         memory=read_memory(events),
+        gpu_ms=None if start_us is None else gpu_busy_ms(events, start_us, start_us + wall_ms * 1000.0),
     )
 
 

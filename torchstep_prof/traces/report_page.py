@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import statistics
 from typing import Any, Sequence
 
 from .collectives import describe_waits
@@ -199,7 +200,16 @@ def _group_meta(group: GroupSummary, report: Report) -> str:
         slow = max(r.wall_ms for r in group.ranks if r.rank == group.straggler)
         ratio = slow / group.median_ms if group.median_ms > 0 else float("inf")
         text += f", straggler: rank {group.straggler} ({ratio:.2f}x)"
-    return text
+    return text + _gpu_meta(group)
+
+
+def _gpu_meta(group: GroupSummary) -> str:
+    """The group's GPU time beside its wall time: the median over the ranks whose traces hold
+    kernels (traces/gpu_time.py); nothing when none does."""
+    values = [r.gpu_ms for r in group.ranks if r.gpu_ms is not None]
+    if not values:
+        return ""
+    return f", GPU (kernels inside the region) median {statistics.median(values):.1f} ms"
 
 
 def _ops_table(group: GroupSummary) -> str:

@@ -56,6 +56,7 @@ class RankTime:
     top_ops: Tuple[OpTime, ...] = ()
     collectives: Tuple[CollectiveCall, ...] = ()
     memory: Tuple[MemoryUse, ...] = ()
+    gpu_ms: Optional[float] = None  # kernel time inside the region (traces/gpu_time.py)
 
 
 @attrs.frozen(kw_only=True)
@@ -166,6 +167,7 @@ def summarize(
                         top_ops=i.top_ops[:top],
                         collectives=i.collectives,
                         memory=i.memory,
+                        gpu_ms=i.gpu_ms,
                     )
                     for i in infos
                 ),
@@ -218,7 +220,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
     """The JSON shape of ``summarize --json``::
 
     {"groups": [{"role", "stage", "step", "occurrence", "fused",
-                 "ranks": [{"rank", "pid", "role", "wall_ms", "file",
+                 "ranks": [{"rank", "pid", "role", "wall_ms", "gpu_ms": <ms or null>, "file",
                             "top_ops": [{"name", "self_ms"}]}],
                  "median_ms", "min_ms", "max_ms", "slowest", "straggler": <rank or null>,
                  "top_ops": [{"name", "self_ms"}]}],
@@ -240,6 +242,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
                         "pid": r.pid,
                         "role": r.role,
                         "wall_ms": _ms(r.wall_ms),
+                        "gpu_ms": None if r.gpu_ms is None else _ms(r.gpu_ms),
                         "file": r.file,
                         "top_ops": _ops(r.top_ops),
                     }
@@ -315,6 +318,8 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
             f"straggler: over {summary.straggler_ratio:g}x its group's median and at least "
             f"{STRAGGLER_MIN_MS:g} ms over it. top ops: self time, averaged over the group's ranks."
         )
+        if _gpu_cells(summary):
+            caption += " gpu ms: time CUDA kernels ran inside the region."
         print_stripped(console, Text(caption))
     if summary.unreadable:
         count = len(summary.unreadable)
@@ -335,6 +340,7 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
     from rich.text import Text
 
     show_occ = any(g.occurrence > 1 for g in summary.groups)
+    gpu = _gpu_cells(summary)
     rows = _rows(summary)
     cells = [
         ("region", [r[0] for r in rows]),
@@ -342,6 +348,7 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
         *([("occ", [r[2] for r in rows])] if show_occ else []),
         ("rank", [r[3] for r in rows]),
         ("wall ms", [r[4] for r in rows]),
+        *([("gpu ms", gpu)] if gpu else []),
         ("x median", [r[5].plain for r in rows]),
     ]
     widths = [max(len(h), *(len(line) for c in col for line in c.split("\n"))) for h, col in cells]
@@ -371,14 +378,25 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
         table.add_column("occ", justify="right", no_wrap=True, min_width=next(numbers))
     table.add_column("rank", justify="right", no_wrap=True, min_width=next(numbers))
     table.add_column("wall ms", justify="right", no_wrap=True, min_width=next(numbers))
+    if gpu:
+        table.add_column("gpu ms", justify="right", no_wrap=True, min_width=next(numbers))
     table.add_column("x median", no_wrap=True, min_width=next(numbers))
     if ops_column:
         # One operator a line, cut with an ellipsis rather than wrapped onto a line of its own.
         table.add_column("top ops (self ms)", no_wrap=True, overflow="ellipsis", max_width=ops_width)
-    for region, step, occ, rank, wall, ratio, ops, end in rows:
-        row = [Text(region), step, *([occ] if show_occ else []), rank, wall, ratio]
+    for index, (region, step, occ, rank, wall, ratio, ops, end) in enumerate(rows):
+        row = [Text(region), step, *([occ] if show_occ else []), rank, wall, *([gpu[index]] if gpu else []), ratio]
         table.add_row(*row, *([Text(ops)] if ops_column else []), end_section=end)
     return table, not ops_column and any(g.top_ops for g in summary.groups)
+
+
+def _gpu_cells(summary: Summary) -> list[str]:
+    """The ``gpu ms`` column's cells, one per rank row as :func:`_rows` orders them (blank for a
+    trace without kernels); no column at all when no trace holds kernels."""
+    values = [rank.gpu_ms for group in summary.groups for rank in group.ranks]
+    if all(value is None for value in values):
+        return []
+    return ["" if value is None else format_ms(value) for value in values]
 
 
 def _rows(summary: Summary) -> list[tuple]:

@@ -15,15 +15,26 @@ import re
 import socket
 from typing import Iterator
 
-__all__ = ["TEMP_PREFIX", "host_label", "leftovers_of", "remove", "remove_dead_temporaries", "temporary_path"]
+__all__ = [
+    "SNAPSHOT_TEMP_SUFFIX",
+    "TEMP_PREFIX",
+    "host_label",
+    "leftovers_of",
+    "remove",
+    "remove_dead_temporaries",
+    "temporary_path",
+]
 
 TEMP_PREFIX = ".torchstep_prof-partial-"
 TORCH_TEMP_SUFFIX = ".tmp"  # Kineto writes ``<path>.tmp``, then renames it to ``<path>``
 GZIP_SUFFIX = ".gz"
+SNAPSHOT_TEMP_SUFFIX = ".pickle"  # a CUDA memory snapshot on its way (memory_snapshot.py)
 _MAX_HOST = 40  # the final name may be near 255 bytes; the temporary must stay far under it
 
 _TEMPORARY = re.compile(
-    r"^" + re.escape(TEMP_PREFIX) + r"(?P<host>[0-9A-Za-z.=+-]+)-(?P<pid>\d+)-(?P<n>\d+)\.partial(\.tmp|\.gz)*$"
+    r"^"
+    + re.escape(TEMP_PREFIX)
+    + r"(?P<host>[0-9A-Za-z.=+-]+)-(?P<pid>\d+)-(?P<n>\d+)\.partial(\.tmp|\.gz|\.pickle)*$"
 )
 
 
@@ -41,7 +52,13 @@ def temporary_path(folder: str, host: str, pid: int, number: int) -> str:
 
 def leftovers_of(raw_path: str) -> tuple[str, ...]:
     """Every file a write under ``raw_path`` may have made, torch's own temporary included."""
-    return (raw_path, raw_path + TORCH_TEMP_SUFFIX, raw_path + GZIP_SUFFIX, raw_path + TORCH_TEMP_SUFFIX + GZIP_SUFFIX)
+    return (
+        raw_path,
+        raw_path + TORCH_TEMP_SUFFIX,
+        raw_path + GZIP_SUFFIX,
+        raw_path + TORCH_TEMP_SUFFIX + GZIP_SUFFIX,
+        raw_path + SNAPSHOT_TEMP_SUFFIX,
+    )
 
 
 def remove(path: str) -> None:

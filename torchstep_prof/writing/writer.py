@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import gzip
 import itertools
+import json
 import os
 import shutil
 import threading
@@ -33,13 +34,15 @@ from typing import Callable, Optional
 import attrs
 
 from .. import background
-from .temp_files import host_label, leftovers_of, remove, remove_dead_temporaries, temporary_path
+from .memory_snapshot import write_snapshot
+from .temp_files import SNAPSHOT_TEMP_SUFFIX, host_label, leftovers_of, remove, remove_dead_temporaries, temporary_path
 from .trace_tail import TraceTailError, finish_tail, set_trace_name
 from ..errors import TraceWriteWarning, warn
 from ..traces.names import TraceName, build_trace_name, with_part
 from ..summary.records import STORE, TraceRecord
 from ..recording.interrupts import interruptible
-from ..recording.session import TraceSession
+from ..recording.session import TraceSession, records_cuda
+from ..traces.gpu_time import trace_gpu_ms
 
 __all__ = ["MAX_PENDING", "TraceWriter", "TraceWriteWarning"]
 
@@ -88,6 +91,7 @@ class TraceWriter:
         self._cleaned: set[str] = set()  # folders already rid of dead processes' temporaries
         self._reported: set[tuple[str, str]] = set()
         self._writes = itertools.count(1)
+        self._cuda_target = 0  # the queue count up to the last job holding CUDA activity
         self._host = host_label()
         self._unregister = background.add(background.WRITES, self.flush)
 
@@ -103,6 +107,8 @@ class TraceWriter:
         with self._lock:
             self._queue.append(job)
             self._queued += 1
+            if records_cuda(session.config.contents):
+                self._cuda_target = self._queued
             self._changed.notify_all()
             target = self._queued - MAX_PENDING
         if not self._ensure_thread():
@@ -125,6 +131,17 @@ class TraceWriter:
             self._drain_here()
             return True
         return self._wait_until(target, timeout, count=count)
+
+    def wait_for_cuda_exports(self) -> None:
+        """Wait until every queued trace holding CUDA activity is written: a profiler started
+        while one is exported leaves that trace's CUDA events with zero times (seen with torch
+        2.11 and CUDA 13: kernels and runtime calls at ts 0, dur 0), so the next window's start
+        waits for them. CPU-only traces keep being exported beside the next window."""
+        with self._lock:
+            target = self._cuda_target
+            if self._done >= target:
+                return
+        self._wait_until(target, None, count=True)
 
     @property
     def has_pending(self) -> bool:
@@ -235,12 +252,30 @@ class TraceWriter:
                 size = finish_tail(raw_path, os.path.abspath(target), session.spans)
             except TraceTailError as exc:
                 raise _ExportFailed(str(exc)) from None
+            gpu_ms = _gpu_ms(session, raw_path)
             export_s = time.perf_counter() - t0
             path, size = self._claim(raw_path, folder, final_name, target, size, compress=name.gzip)
         except (_ExportFailed, OSError) as exc:
             self._fail(record, _message(exc), t0, raw_path)
             return
+        record = attrs.evolve(record, gpu_ms=gpu_ms, memory_snapshot=self._snapshot(session, raw_path, path))
         self._finish(record, path, size, export_s, job.on_written)
+
+    def _snapshot(self, session: TraceSession, raw_path: str, path: str) -> Optional[str]:
+        """Write the session's CUDA memory snapshot next to its trace at ``path`` (if it has
+        one); a snapshot that cannot be kept is one warning per kind, the trace stays."""
+        snapshot, session.memory_snapshot = session.memory_snapshot, None
+        if snapshot is None:
+            return None
+        written, problem = write_snapshot(snapshot, raw_path + SNAPSHOT_TEMP_SUFFIX, path)
+        if problem is not None:
+            key = ("memory snapshot", "")  # one warning a process: each trace has its own
+            with self._lock:
+                first = key not in self._reported
+                self._reported.add(key)
+            if first:
+                warn(f"torchstep_prof: {problem}", TraceWriteWarning, stacklevel=2)
+        return written
 
     def _prepare_folder(self, folder: str) -> None:
         if not os.path.isdir(folder):  # a hook may have moved or removed it since the last trace
@@ -371,6 +406,19 @@ class TraceWriter:
                 TraceWriteWarning,
                 stacklevel=2,
             )
+
+
+def _gpu_ms(session: TraceSession, raw_path: str) -> Optional[float]:
+    """The GPU time of a trace that recorded CUDA activity (read back from the exported file,
+    on this thread: one rule with ``summarize``); None otherwise, or when it cannot be read."""
+    if not records_cuda(session.config.contents):
+        return None
+    try:
+        with open(raw_path, "rb") as f:
+            trace = json.load(f)
+        return trace_gpu_ms(trace, session.step) if isinstance(trace, dict) else None
+    except (OSError, ValueError):
+        return None
 
 
 def _link(source: str, target: str) -> bool:
