@@ -102,7 +102,7 @@ def test_metrics_section_from_overrides_files_and_the_run_option(tmp_path) -> No
 def test_callbacks_metrics_argument() -> None:
     from torchstep_prof.integrations._driver import build_scopes
 
-    for given, port in ((9411, 9411), (True, 9400), ({"port": 9412, "addr": "127.0.0.1"}, 9412)):
+    for given, port in ((9411, 9411), (True, 18400), ({"port": 9412, "addr": "127.0.0.1"}, 9412)):
         scopes = build_scopes(None, None, None, None, {"metrics": given})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", tsp.MetricsWarning)  # the endpoint is this module's
