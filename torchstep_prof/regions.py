@@ -379,6 +379,7 @@ def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:
     >>> Critic().update([1, 2])
     2
     """
+
     def decorate(fn: F) -> F:
         if isinstance(fn, (classmethod, staticmethod)):  # @profiled above @classmethod
             return type(fn)(decorate(fn.__func__))  # type: ignore[return-value]

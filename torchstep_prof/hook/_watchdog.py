@@ -1,9 +1,8 @@
-"""A finish hook's watchdog: runs the command and ends its process group at its deadline, even
-when the training process that started it is gone.
+"""A finish hook's watchdog: runs the command and ends its process group at its deadline.
 
-The hook runs in a session of its own (a Ctrl-C or torchrun's ``killpg`` meant for training must
-not cut an upload short), so nothing else ends it if training is killed: this small process,
-the leader of that session, keeps the deadline. Run as a script with the standard library only
+The hook runs in a session of its own (a Ctrl-C or torchrun's ``killpg`` meant for training
+must not cut an upload short), so nothing else ends it if training is killed: this small
+process, the leader of that session, keeps the deadline whatever becomes of training. Run as a script with the standard library only
 (``python -I -S _watchdog.py TIMEOUT_S GRACE_S STATUS_FD CMD...``, no import of torchstep_prof or
 torch): it writes ``S`` to ``STATUS_FD`` once the command started, or ``E`` and the reason if it
 could not, then waits; at ``TIMEOUT_S`` it sends SIGTERM to the group, SIGKILL ``GRACE_S``

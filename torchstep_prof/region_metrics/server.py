@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from socketserver import ThreadingMixIn
-from typing import Any, Optional
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import make_wsgi_app
@@ -132,7 +132,10 @@ def start_server(addr: str, port: int, registry: Any) -> MetricsServer:
     server = MetricsServer((host, port), family)
     server.set_app(make_wsgi_app(registry))
     thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": _POLL_S}, name="torchstep_prof metrics server", daemon=True
+        target=server.serve_forever,
+        kwargs={"poll_interval": _POLL_S},
+        name="torchstep_prof metrics server",
+        daemon=True,
     )
     thread.start()
     return server
@@ -142,5 +145,5 @@ def _family(addr: str, port: int) -> tuple[socket.AddressFamily, str]:
     """The address family and numeric address to bind (``::`` needs IPv6, a host name resolves)."""
     infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, sockaddr = infos[0]
-    host: Optional[str] = sockaddr[0]
+    host = str(sockaddr[0])
     return family, host or addr
