@@ -117,3 +117,25 @@ def test_the_default_timeout_is_finite_and_null_is_refused() -> None:
     assert str(caught.value).startswith("finish_hook.timeout_s: must be a number of seconds > 0 (got None;")
     with pytest.raises(tsp.ConfigError, match=r"finish_hook\.timeout_s"):
         tsp.apply_overrides(tsp.ProfilerConfig(), ["finish_hook.cmd=x", "finish_hook.timeout_s=null"])
+
+
+def test_a_hook_starts_in_a_process_holding_more_than_1024_descriptors(tmp_path: Path) -> None:
+    from script_helpers import run_script
+
+    done = run_script(
+        """
+        import os, resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1500)]  # a busy DataLoader's worth
+        import torchstep_prof as tsp
+        with tsp.schedule(steps=[1]), tsp.on_finish("echo uploaded", wait=True):
+            with tsp.step(1), tsp.profile_region("actor", "update"):
+                pass
+        print("hooks:", [h.outcome for h in tsp.records().hooks])
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[rank 0] uploaded" in done.stdout
+    assert "hooks: ['ok']" in done.stdout

@@ -173,7 +173,10 @@ def _start(
 def _start_outcome(read_end: int) -> Optional[str]:
     """The watchdog's status: None once the command started, else the reason it did not."""
     try:
-        ready, _, _ = select.select([read_end], [], [], _WATCHDOG_START_S)
+        # poll, not select: a training process may hold descriptors past select's 1024.
+        poller = select.poll()
+        poller.register(read_end, select.POLLIN)
+        ready = bool(poller.poll(_WATCHDOG_START_S * 1000))
         status = os.read(read_end, 4096) if ready else b""
     finally:
         os.close(read_end)

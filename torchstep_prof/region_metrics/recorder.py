@@ -90,9 +90,8 @@ def forget() -> None:
         _SERIES[STEP_KEY, STEP_KEY] = (STEP_KEY, STEP_KEY)
         _capped.clear()
         for _, cells in _STORES:
-            for stages in cells.values():
-                for cell in stages.values():
-                    cell.clear()
+            # Each thread makes its lists again on next use, so its pairs are admitted afresh.
+            cells.clear()
 
 
 def _cell(role: Any, stage: Any) -> list[float]:
