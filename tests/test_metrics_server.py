@@ -116,12 +116,11 @@ def test_idle_connections_never_take_the_descriptors_training_needs(tmp_path: Pa
     )  # fmt: skip
     held = open_idle(training.port, 200)
     time.sleep(1.0)  # let the accept loop take them all
-    refused = sum(closed_by_server(sock, 0.2) for sock in held)
-    assert refused >= 200 - MAX_CONNECTIONS  # closed at once: no thread, no descriptor kept
+    kept = [sock for sock in held if not closed_by_server(sock, 0.2)]
+    assert 0 < len(kept) <= MAX_CONNECTIONS  # the others closed at once: no thread, no descriptor
     training.next()
     assert training.process.stdout.readline() == "saved 30\n"  # type: ignore[union-attr]
-    kept = [sock for sock in held if sock.fileno() != -1]
-    assert all(closed_by_server(sock, IO_TIMEOUT_S + 5) for sock in kept[-MAX_CONNECTIONS:])
+    assert all(closed_by_server(sock, IO_TIMEOUT_S + 5) for sock in kept)  # silent: dropped in time
     assert "torchstep_prof_region_seconds_count" in scrape(training.port)
     for sock in held:
         sock.close()

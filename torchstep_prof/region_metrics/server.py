@@ -84,6 +84,7 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
 
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 64  # the kernel's backlog: a burst of scrapers waits there, costing us nothing
 
     def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
         self.address_family = family
