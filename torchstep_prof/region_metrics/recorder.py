@@ -105,11 +105,15 @@ def _cell(role: Any, stage: Any) -> list[float]:
         with _STORES_LOCK:
             _STORES.append((threading.current_thread(), cells))
     try:
-        series = _SERIES.get((role, stage))
+        return cells[role][stage]  # made already (the other list, asked for by a pair past the cap)
+    except KeyError:
+        pass
     except TypeError:  # an unhashable label: timed under its text
         return _cell(*_series_of(role, stage))
-    if series is None:
-        series = _series_of(role, stage)
+    try:
+        series = _SERIES.get((role, stage)) or _series_of(role, stage)
+    except TypeError:
+        return _cell(*_series_of(role, stage))
     if series == OTHER_KEY and (role, stage) != OTHER_KEY:
         cell = _cell(*OTHER_KEY)
         if _LOCAL.others_cached >= _MAX_CACHED_OTHERS:
@@ -117,10 +121,7 @@ def _cell(role: Any, stage: Any) -> list[float]:
         _LOCAL.others_cached += 1
     else:
         cell = []
-    stages = cells.get(role)
-    if stages is None:
-        stages = cells[role] = {}
-    return stages.setdefault(stage, cell)
+    return cells.setdefault(role, {}).setdefault(stage, cell)
 
 
 def _series_of(role: Any, stage: Any) -> tuple[Any, Any]:
