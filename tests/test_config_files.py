@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import tempfile
 from pathlib import Path
@@ -303,3 +304,45 @@ def test_a_fifo_in_a_config_files_place_is_refused_without_waiting(tmp_path: Pat
     assert not thread.is_alive(), "load_config waited on the FIFO"
     assert isinstance(outcome[0], ConfigError)
     assert str(outcome[0]) == f"{tmp_path / 'c.yaml'}: is not a regular file (a FIFO, socket or device is never read)"
+
+
+@pytest.mark.skipif(
+    not (hasattr(os, "geteuid") and os.geteuid() == 0) or not shutil.which("setpriv"),
+    reason="needs root and setpriv to act as a second user (nobody) planting the FIFO",
+)
+def test_a_fifo_another_user_planted_as_the_jobs_config_file_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    # A folder other users may write, as a cluster's shared folders are (tmp_path's parents are
+    # root's alone, so it lives in the system's temporary folder).
+    shared = Path(tempfile.mkdtemp(prefix="tsp-shared-"))
+    shared.chmod(0o1777)
+    try:
+        _planted_fifo_is_refused(shared, tmp_path)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _planted_fifo_is_refused(shared: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    from script_helpers import run_script
+
+    planted = subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "mkfifo", str(shared / "profile.yaml")],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert planted.returncode == 0, planted.stderr
+    done = run_script(
+        """
+        import torchstep_prof as tsp
+        try:
+            with tsp.step(1):
+                pass
+        except tsp.ConfigError as exc:
+            print("refused:", exc)
+        """,
+        tmp_path,
+        timeout=120,  # a read of the FIFO would wait here for ever
+        TORCHSTEP_PROF_CONFIG=str(shared / "profile.yaml"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "is not a regular file (a FIFO, socket or device is never read)" in done.stdout, done.stdout + done.stderr
