@@ -286,7 +286,7 @@ class step:
         # Decided once per step: regions inside read it instead of re-deciding.
         self.action = _NONE if frame.idle else frame.decide(self.number)
         # Regions of a skipped step return at once, except in the first steps a schedule sees:
-        # those take the full path once, so a bad label fails early, not on a profiled step.
+        # those take the full path once, so a label's warnings come early, not on a profiled step.
         self.skip_frame = frame if self.action is _NONE and frame.labels_seen_enough() else None
         if _SLOT.session is not None:
             ENGINE.step_began_in_trace(self.number)
