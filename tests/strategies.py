@@ -66,7 +66,7 @@ def finish_hooks(alphabet: st.SearchStrategy[str] = ANY_TEXT) -> st.SearchStrate
         all_ranks=st.booleans(),
         per_node=st.booleans(),
         node_wait_s=_seconds,
-        timeout_s=st.none() | _seconds.filter(lambda s: s > 0),
+        timeout_s=_seconds.filter(lambda s: s > 0),
         relocate=st.lists(text, max_size=3),
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import tempfile
 from pathlib import Path
@@ -236,3 +237,112 @@ def test_tricky_strings_survive_every_format(tmp_path: Path, ext: str, text: str
     cfg = ProfilerConfig(process_role=f"r{text}", finish_hook=FinishHookConfig(cmd=["run", text], relocate=(text,)))
     dump_config(cfg, tmp_path / f"c{ext}")
     assert load_config(tmp_path / f"c{ext}") == cfg
+
+
+# --- hostile files: an alias bomb, a huge file, a FIFO in a config file's place -----------------
+
+# 310 bytes that would expand to 9**7 (4.8 million) strings in the checks that walk the document.
+ALIAS_BOMB = "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9) if prev else ', '.join(['lol'] * 9)}]\n"
+    for prev, name in zip([None, "a", "b", "c", "d", "e", "f"], "abcdefg")
+)
+
+
+def test_a_yaml_alias_bomb_is_refused_at_its_first_alias_in_little_memory(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(ALIAS_BOMB)
+    script = (
+        "import torchstep_prof as tsp\n"
+        f"try:\n    tsp.load_config({str(path)!r})\nexcept tsp.ConfigError as exc:\n    print(exc)\n"
+    )
+    # 300 MiB of address space: the expansion alone takes more.
+    done = subprocess.run(
+        ["prlimit", f"--as={300 * 1024 * 1024}", sys.executable, "-c", script],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "TORCHSTEP_PROF_SUMMARY": "0"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        f"{path}: invalid YAML at line 2, column 8: alias *a refused: "
+        "a config file may not use YAML aliases (write the value out)"
+    )
+
+
+def test_an_alias_in_an_override_is_refused_and_an_anchor_alone_is_fine() -> None:
+    from torchstep_prof.config.overrides import apply_overrides
+
+    with pytest.raises(ConfigError, match=r"alias \*a refused"):
+        apply_overrides(ProfilerConfig(), ["ranks=[*a]"])
+    assert apply_overrides(ProfilerConfig(), ["ranks=&a [1]"]).ranks == (1,)
+
+
+def test_a_config_file_over_the_size_cap_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("big.yaml").write_text("# padding\n" * 200_000)  # 2 MB of comments: a valid, empty YAML file
+    with pytest.raises(ConfigError) as info:
+        load_config("big.yaml")
+    assert str(info.value) == "big.yaml: is larger than 1024 KiB, the most a config file may hold"
+
+
+def test_a_fifo_in_a_config_files_place_is_refused_without_waiting(tmp_path: Path) -> None:
+    import threading
+
+    os.mkfifo(tmp_path / "c.yaml")  # no writer ever opens it: reading would wait for ever
+    outcome: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_config(tmp_path / "c.yaml")
+        except BaseException as exc:  # the ConfigError expected, or anything else, reported below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "load_config waited on the FIFO"
+    assert isinstance(outcome[0], ConfigError)
+    assert str(outcome[0]) == f"{tmp_path / 'c.yaml'}: is not a regular file (a FIFO, socket or device is never read)"
+
+
+@pytest.mark.skipif(
+    not (hasattr(os, "geteuid") and os.geteuid() == 0) or not shutil.which("setpriv"),
+    reason="needs root and setpriv to act as a second user (nobody) planting the FIFO",
+)
+def test_a_fifo_another_user_planted_as_the_jobs_config_file_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    # A folder other users may write, as a cluster's shared folders are (tmp_path's parents are
+    # root's alone, so it lives in the system's temporary folder).
+    shared = Path(tempfile.mkdtemp(prefix="tsp-shared-"))
+    shared.chmod(0o1777)
+    try:
+        _planted_fifo_is_refused(shared, tmp_path)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _planted_fifo_is_refused(shared: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    from script_helpers import run_script
+
+    planted = subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "mkfifo", str(shared / "profile.yaml")],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert planted.returncode == 0, planted.stderr
+    done = run_script(
+        """
+        import torchstep_prof as tsp
+        try:
+            with tsp.step(1):
+                pass
+        except tsp.ConfigError as exc:
+            print("refused:", exc)
+        """,
+        tmp_path,
+        timeout=120,  # a read of the FIFO would wait here for ever
+        TORCHSTEP_PROF_CONFIG=str(shared / "profile.yaml"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "is not a regular file (a FIFO, socket or device is never read)" in done.stdout, done.stdout + done.stderr

@@ -85,6 +85,26 @@ def test_bad_metrics_config_names_every_key() -> None:
         apply_overrides(tsp.ProfilerConfig(), ["metrics.port=x"])
 
 
+@pytest.mark.parametrize("addr", ["999.1.2.3", "10.0.0.256", "1.2.3", "a..b", "-node", "node_1", "nöde"])
+def test_an_address_that_is_not_one_is_a_config_error(addr) -> None:
+    with pytest.raises(tsp.ConfigError) as caught:
+        tsp.metrics(addr=addr)
+    assert str(caught.value) == (
+        f"metrics.addr: must be an IP address or a host name to listen on (got {addr!r}; e.g. 0.0.0.0, 127.0.0.1, ::)"
+    )
+
+
+@pytest.mark.parametrize("addr", ["0.0.0.0", "127.0.0.1", "::", "::1", "localhost", "gpu-node7", "node7.cluster.local"])
+def test_addresses_and_host_names_are_accepted(addr) -> None:
+    assert tsp.MetricsConfig(addr=addr).addr == addr
+
+
+def test_the_default_port_is_outside_the_exporters_range_for_eight_local_ranks() -> None:
+    port = tsp.MetricsConfig().port
+    assert port == 18400
+    assert not any(9100 <= p <= 9999 for p in range(port, port + 8))  # 9400: dcgm-exporter
+
+
 def test_metrics_section_from_overrides_files_and_the_run_option(tmp_path) -> None:
     config = apply_overrides(tsp.ProfilerConfig(), ["metrics.port=9400"])
     assert config.metrics == tsp.MetricsConfig(port=9400) and config.metrics.enable
@@ -102,7 +122,7 @@ def test_metrics_section_from_overrides_files_and_the_run_option(tmp_path) -> No
 def test_callbacks_metrics_argument() -> None:
     from torchstep_prof.integrations._driver import build_scopes
 
-    for given, port in ((9411, 9411), (True, 9400), ({"port": 9412, "addr": "127.0.0.1"}, 9412)):
+    for given, port in ((9411, 9411), (True, 18400), ({"port": 9412, "addr": "127.0.0.1"}, 9412)):
         scopes = build_scopes(None, None, None, None, {"metrics": given})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", tsp.MetricsWarning)  # the endpoint is this module's

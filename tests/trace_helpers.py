@@ -172,4 +172,6 @@ def _sanitized(label: str) -> str:
     # As file names write labels: sanitized, and long ones fitted (start kept, hash added).
     from torchstep_prof.traces.names import fit_label
 
-    return fit_label(re.sub(r"[^0-9A-Za-z.=+\-]+", "-", label).strip("-."))
+    cleaned = re.sub(r"[^0-9A-Za-z.=+\-]+", "-", label).strip("-.")
+    # Nothing left: the label's code points (docs/trace-files.md), e.g. "___" -> "U+5F+5F+5F".
+    return fit_label(cleaned or "U+" + "+".join(f"{ord(ch):X}" for ch in label))

@@ -85,9 +85,15 @@ class ForeignProfilerWarning(TorchstepProfWarning):
     started nothing meanwhile (regions ran unprofiled), or a trace of ours was ended by it."""
 
 
+class LabelWarning(TorchstepProfWarning):
+    """A region label is not a string (its text is used), or two labels name the same trace
+    files once sanitized (``actor_1`` and ``actor-1``); the region runs as usual."""
+
+
 class MetricsWarning(TorchstepProfWarning):
-    """The metrics endpoint could not start (port in use, ``prometheus_client`` missing) or a
-    second metrics config was ignored; regions are still timed and training goes on."""
+    """The metrics endpoint could not start (port in use, ``prometheus_client`` missing), a
+    second metrics config was ignored, or more (role, stage) pairs were timed than get a series
+    of their own; regions are still timed and training goes on."""
 
 
 class TraceWriteWarning(TorchstepProfWarning):

@@ -26,7 +26,6 @@ from .recording.range_names import range_name
 from .recording.slot import NESTED_FAST_PATH as _NESTED
 from .recording.session import new_range
 from .topology import group_registry
-from .traces.names import sanitize_label
 from .selection.frames import _ROOT, Frame, current_frame
 from .selection.rules import NONE as _NONE
 from .selection.rules import RECORD as _RECORD
@@ -237,7 +236,8 @@ def _decided(frame: Frame, role: str, stage: str, step: Optional[int]) -> Any:
 
 
 def _check_labels(role: str, stage: str) -> None:
-    """Labels are checked the first time they are seen, whether or not the step is profiled."""
+    """Labels are checked the first time they are seen, whether or not the step is profiled
+    (recording/labels.py: warnings, never an error, as with metrics alone)."""
     try:
         _RANGE_NAMES[role][stage]
     except KeyError:
@@ -286,7 +286,7 @@ class step:
         # Decided once per step: regions inside read it instead of re-deciding.
         self.action = _NONE if frame.idle else frame.decide(self.number)
         # Regions of a skipped step return at once, except in the first steps a schedule sees:
-        # those take the full path once, so a bad label fails early, not on a profiled step.
+        # those take the full path once, so a label's warnings come early, not on a profiled step.
         self.skip_frame = frame if self.action is _NONE and frame.labels_seen_enough() else None
         if _SLOT.session is not None:
             ENGINE.step_began_in_trace(self.number)
@@ -379,9 +379,6 @@ def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:
     >>> Critic().update([1, 2])
     2
     """
-    sanitize_label(role, "role")
-    if stage is not None:
-        sanitize_label(stage, "stage")
 
     def decorate(fn: F) -> F:
         if isinstance(fn, (classmethod, staticmethod)):  # @profiled above @classmethod
@@ -389,7 +386,6 @@ def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:
         label = stage if stage is not None else getattr(fn, "__name__", None)
         if not isinstance(label, str):
             raise TypeError(f"@profiled needs stage= for {fn!r}, which has no __name__")
-        sanitize_label(label, "stage")
         return around_each_call(  # type: ignore[no-any-return]
             fn,
             functools.partial(profile_region, role, label),  # no Python frame: docs/hot-path.md

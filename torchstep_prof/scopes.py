@@ -19,6 +19,8 @@ from ._wrapping import around_each_call
 from .config._scope_fields import evolve_checked
 from .config.model import (
     DEFAULT_BUCKETS,
+    DEFAULT_HOOK_TIMEOUT_S,
+    DEFAULT_METRICS_PORT,
     FinishHookConfig,
     MetricsConfig,
     OnDemandConfig,
@@ -188,11 +190,13 @@ def on_finish(
     all_ranks: bool = False,
     per_node: bool = False,
     node_wait_s: float = 300.0,
-    timeout_s: Optional[float] = None,
+    timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
     relocate: Union[str, os.PathLike[str], Sequence[Union[str, os.PathLike[str]]]] = (),
     wait: bool = False,
 ) -> contextlib.AbstractContextManager[ProfilerConfig]:
-    """Run ``cmd`` once on each selected rank when profiling under this scope is finished.
+    """Run ``cmd`` once on each selected rank when profiling under this scope is finished; it
+    never runs longer than ``timeout_s`` (600 s by default), even if the training process is
+    killed meanwhile.
 
     >>> import torchstep_prof as tsp
     >>> with tsp.schedule(steps=[1]), tsp.on_finish('upload-tool "$TORCHSTEP_PROF_SAVE_PATH"'):  # doctest: +SKIP
@@ -234,7 +238,7 @@ def on_demand(
 
 
 def metrics(
-    port: int = 9400,
+    port: int = DEFAULT_METRICS_PORT,
     *,
     addr: str = "0.0.0.0",
     buckets: Sequence[float] = DEFAULT_BUCKETS,
@@ -242,10 +246,11 @@ def metrics(
 ) -> contextlib.AbstractContextManager[ProfilerConfig]:
     """Time every region and step for Prometheus, profiled or not, served at
     ``http://<addr>:<port + LOCAL_RANK>/metrics`` (one endpoint per process, from the first
-    scope that turns metrics on; needs the ``[metrics]`` extra).
+    scope that turns metrics on; needs the ``[metrics]`` extra). ``addr="0.0.0.0"`` lets any
+    host that reaches this one read the timings; ``127.0.0.1`` only this host (docs/metrics.md).
 
     >>> import torchstep_prof as tsp
-    >>> with tsp.metrics(port=9400):             # doctest: +SKIP
+    >>> with tsp.metrics(port=18400):            # doctest: +SKIP
     ...     with tsp.step(1), tsp.profile_region("actor", "update"):
     ...         pass
     """

@@ -9,6 +9,7 @@ defaults, which are ``None``.
 from __future__ import annotations
 
 import collections
+import errno
 import functools
 import json
 import os
@@ -25,6 +26,9 @@ __all__ = ["CONFIG_FORMATS", "dump_config", "format_config", "load_config", "par
 CONFIG_FORMATS: dict[str, str] = {".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}
 """The file extensions understood, each with its format."""
 
+MAX_CONFIG_BYTES = 1024 * 1024
+"""The largest config file read (a real one is a few hundred bytes)."""
+
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -37,7 +41,7 @@ def load_config(path: PathLike) -> ProfilerConfig:
     """
     fmt = _format_of(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = _read_text(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _file_error(path, f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
@@ -54,6 +58,33 @@ def load_config(path: PathLike) -> ProfilerConfig:
     if problems:  # duplicate keys too: the values' problems (of the last copies) come with them
         raise ConfigError(problems)
     return cfg
+
+
+def _read_text(path: PathLike) -> bytes:
+    """The file's bytes: a regular file of at most MAX_CONFIG_BYTES, opened without blocking
+    (a FIFO or a device put in a config file's place is refused, never waited on)."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISREG(mode):
+            raise _file_error(path, "is not a regular file (a FIFO, socket or device is never read)")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_CONFIG_BYTES:
+            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > MAX_CONFIG_BYTES:
+        raise _file_error(path, f"is larger than {MAX_CONFIG_BYTES // 1024} KiB, the most a config file may hold")
+    return b"".join(chunks)
 
 
 def dump_config(cfg: ProfilerConfig, path: PathLike) -> None:
@@ -113,7 +144,8 @@ def parse_yaml(text: str) -> Any:
     and TOML read it as a number, and so does a person writing ``timeout_s: 1e-3``.
 
     A key given twice in one mapping is a ``ConfigError`` naming its path (PyYAML would keep the
-    last one silently).
+    last one silently). An alias (``*name``) is a ``yaml.YAMLError``: nested aliases expand
+    exponentially (a few hundred bytes can take gigabytes), and a config never needs one.
 
     >>> parse_yaml("timeout_s: 1e-3")
     {'timeout_s': 0.001}
@@ -175,7 +207,16 @@ def _yaml_loader() -> type:
     import yaml
 
     class Loader(yaml.SafeLoader):
-        pass
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"alias *{event.anchor} refused: a config file may not use YAML aliases (write the value out)",
+                    event.start_mark,
+                )
+            return super().compose_node(parent, index)
 
     # add_implicit_resolver copies the resolver table onto the subclass: SafeLoader is untouched.
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+0123456789"))

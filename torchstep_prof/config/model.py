@@ -14,7 +14,6 @@ from typing import Any, Callable, Optional, Tuple, Union
 import attrs
 
 from ..errors import ConfigError, Problem
-from ..traces.names import sanitize_label
 
 __all__ = ["CONTENT_NAMES", "FinishHookConfig", "MetricsConfig", "OnDemandConfig", "ProfilerConfig", "ScheduleConfig"]
 
@@ -209,6 +208,22 @@ class ScheduleConfig:
         _raise_if(problems)
 
 
+DEFAULT_HOOK_TIMEOUT_S = 600.0
+"""How long a finish-hook command may run unless ``timeout_s`` says otherwise."""
+
+
+def _hook_timeout(key: str, value: Any) -> list[Problem]:
+    if value is None:
+        return [
+            Problem(
+                key,
+                f"must be a number of seconds > 0 (got None; a hook always has a time limit, "
+                f"{DEFAULT_HOOK_TIMEOUT_S:g} by default: set a larger one for a long upload)",
+            )
+        ]
+    return _seconds(allow_zero=False)(key, value)
+
+
 @attrs.frozen(kw_only=True)
 class FinishHookConfig:
     """The command run once when profiling is finished (see ``on_finish``).
@@ -224,7 +239,8 @@ class FinishHookConfig:
     all_ranks: bool = False
     per_node: bool = False
     node_wait_s: float = 300.0
-    timeout_s: Optional[float] = None
+    # Finite: a hung command must never keep a finished job (and its allocation) alive.
+    timeout_s: float = DEFAULT_HOOK_TIMEOUT_S
     relocate: Tuple[str, ...] = attrs.field(default=(), converter=_paths)
     wait: bool = False  # True: the block whose exit triggers the hook waits for the command
 
@@ -237,7 +253,7 @@ class FinishHookConfig:
                 "per_node": _bool,
                 "wait": _bool,
                 "node_wait_s": _seconds(allow_zero=True),
-                "timeout_s": _optional(_seconds(allow_zero=False)),
+                "timeout_s": _hook_timeout,
             },
         )
         problems[:0] = _check_command(self.cmd)
@@ -281,6 +297,9 @@ class OnDemandConfig:
         _raise_if(_validate(self, {"dir": _save_path, "poll_s": _seconds(allow_zero=False)}))
 
 
+DEFAULT_METRICS_PORT = 18400
+"""The default base port of the metrics endpoint (``port + LOCAL_RANK`` per process)."""
+
 # Prometheus' default histogram buckets (seconds), less its 10 s top, plus longer steps.
 DEFAULT_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -305,11 +324,23 @@ def _address(key: str, value: Any) -> list[Problem]:
             ipaddress.ip_address(value)
             return []
         except ValueError:
-            if value == "localhost" or all(part.isalnum() or part == "-" for part in value.split(".")):
+            if _is_host_name(value):
                 return []  # a host name this machine resolves (checked when the endpoint starts)
     return [
         Problem(key, f"must be an IP address or a host name to listen on (got {value!r}; e.g. 0.0.0.0, 127.0.0.1, ::)")
     ]
+
+
+def _is_host_name(text: str) -> bool:
+    """A host name as RFC 1123 spells one: dot-separated labels of letters, digits and inner
+    hyphens, the last one not all digits (``999.1.2.3`` is a bad address, not a name)."""
+    labels = text[:-1].split(".") if text.endswith(".") else text.split(".")
+    if len(text) > 253 or labels[-1].isdigit():
+        return False
+    return all(
+        0 < len(label) <= 63 and label.isascii() and label.replace("-", "").isalnum() and label[0] != "-" != label[-1]
+        for label in labels
+    )
 
 
 def _buckets(key: str, value: Any) -> list[Problem]:
@@ -331,12 +362,14 @@ class MetricsConfig:
     """Always-on region metrics for Prometheus (see ``tsp.metrics``): every region and step
     records its wall time, profiled or not, served at ``http://<addr>:<port + LOCAL_RANK>/metrics``.
 
-    >>> MetricsConfig(port=9400, buckets=[0.01, 0.1, 1]).buckets
+    >>> MetricsConfig(port=18400, buckets=[0.01, 0.1, 1]).buckets
     (0.01, 0.1, 1)
     """
 
     enable: bool = True
-    port: int = 9400  # the base port: each process serves port + its local rank
+    # The base port: each process serves port + its local rank. Not in 9100-9999, Prometheus'
+    # exporter range (dcgm-exporter, on the GPU nodes this runs on, takes 9400 there).
+    port: int = DEFAULT_METRICS_PORT
     addr: str = "0.0.0.0"
     buckets: Tuple[float, ...] = attrs.field(default=DEFAULT_BUCKETS, converter=_floats)
 
@@ -355,12 +388,9 @@ def _check_contents(key: str, value: Any) -> list[Problem]:
 
 
 def _check_role(key: str, value: Any) -> list[Problem]:
-    if not isinstance(value, str):
-        return [Problem(key, f"must be a string or null (got {value!r})")]
-    try:
-        sanitize_label(value, key)
-    except ValueError:
-        return [Problem(key, f"must keep at least one of 0-9 A-Z a-z . = + - (got {value!r})")]
+    # Any text names a file (traces/names.py encodes one with nothing left after sanitizing).
+    if not isinstance(value, str) or not value:
+        return [Problem(key, f"must be a non-empty string or null (got {value!r})")]
     return []
 
 

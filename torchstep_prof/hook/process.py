@@ -1,15 +1,18 @@
 """Running one finish-hook command in its own process group, with its output and its timeout.
 
 Its output is streamed with a rank prefix; a timeout kills the whole group, and so does Ctrl-C
-at exit for every hook still running.
+at exit for every hook still running. The command runs under a small watchdog process
+(``_watchdog.py``) that keeps the same deadline should the training process be killed first.
 
 What the command sees and how a run is recorded is ``command.py``; this module only runs it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -17,7 +20,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import IO, Callable, Optional, Tuple, TypeVar, Union
+from typing import IO, Any, Callable, Optional, Tuple, TypeVar, Union
 
 from ..errors import FinishHookWarning, warn
 from ..summary.records import HOOK_FAILED, HOOK_NOT_STARTED, HOOK_OK, HOOK_TIMEOUT
@@ -28,6 +31,11 @@ _log = logging.getLogger("torchstep_prof.hook.command")
 _SHELL = "/bin/sh"
 _KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL, so an uploader can clean up
 _DRAIN_GRACE_S = 1.0  # for the output readers once the command has exited
+# The watchdog's deadline is this much later than ours: while training lives, it ends the hook
+# (and records a timeout); the watchdog acts only once training is gone.
+_WATCHDOG_MARGIN_S = 1.0
+_WATCHDOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_watchdog.py")
+_WATCHDOG_START_S = 30.0  # the most the watchdog may take to say whether the command started
 _MAX_LINE = 64 * 1024  # a line without a newline is printed in pieces of this many bytes
 _write_lock = threading.Lock()
 # Hook commands running now: Ctrl-C during the exit wait kills their process groups.
@@ -76,7 +84,7 @@ def run_command(
     cmd: Union[str, Tuple[str, ...]],
     env: dict[str, str],
     *,
-    timeout_s: Optional[float],
+    timeout_s: float,
     prefix: str,
     interrupt: Optional[HookInterrupt] = None,
 ) -> tuple[str, Optional[int], Optional[str]]:
@@ -94,21 +102,19 @@ def run_command(
             if interrupt is not None and interrupt.interrupted:
                 return HOOK_NOT_STARTED, None, "not started: interrupted (Ctrl-C while training waited for it)"
             try:
-                # A session of its own: a timeout can kill the hook's whole process group,
-                # grandchildren included, and a Ctrl-C meant for training does not reach an upload.
-                process = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=env,
-                    start_new_session=True,
-                )
+                process, started = _start(argv, env, timeout_s)
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
                 return HOOK_NOT_STARTED, None, f"could not start ({exc})"
             _RUNNING.add(process)
             if interrupt is not None:
                 interrupt._process = process
+        failure = started()  # the watchdog's word (outside the lock: it may take a moment)
+        if failure is not None:
+            _kill_group(process)
+            for pipe in (process.stdout, process.stderr):
+                if pipe is not None:
+                    pipe.close()
+            return HOOK_NOT_STARTED, None, f"could not start ({failure})"
         readers = [
             _start_reader(process.stdout, "stdout", prefix, None),
             _start_reader(process.stderr, "stderr", prefix, last_error_line),
@@ -138,6 +144,47 @@ def run_command(
     if code == 0:
         return HOOK_OK, 0, None
     return HOOK_FAILED, code, _failure_message(code, isinstance(cmd, str), last_error_line)
+
+
+def _start(
+    argv: list[str], env: dict[str, str], timeout_s: float
+) -> tuple[subprocess.Popen[bytes], Callable[[], Optional[str]]]:
+    """Start ``argv`` under its watchdog, in a session of its own, and return the process (the
+    watchdog, leader of the group) with a call that waits for the start's outcome (None: started;
+    else why not). A session of its own: a timeout can kill the hook's whole process group,
+    grandchildren included, and a Ctrl-C meant for training does not reach an upload."""
+    options: dict[str, Any] = dict(
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+    )
+    if not sys.executable:  # an embedded interpreter with no executable to run: no watchdog
+        return subprocess.Popen(argv, **options), lambda: None
+    read_end, write_end = os.pipe()
+    try:
+        watchdog = [sys.executable, "-I", "-S", _WATCHDOG, repr(timeout_s + _WATCHDOG_MARGIN_S), repr(_KILL_GRACE_S)]
+        process = subprocess.Popen([*watchdog, str(write_end), *argv], pass_fds=(write_end,), **options)
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return process, functools.partial(_start_outcome, read_end)
+
+
+def _start_outcome(read_end: int) -> Optional[str]:
+    """The watchdog's status: None once the command started, else the reason it did not."""
+    try:
+        # poll, not select: a training process may hold descriptors past select's 1024.
+        poller = select.poll()
+        poller.register(read_end, select.POLLIN)
+        ready = bool(poller.poll(_WATCHDOG_START_S * 1000))
+        status = os.read(read_end, 4096) if ready else b""
+    finally:
+        os.close(read_end)
+    if status.startswith(b"S"):
+        return None
+    if status.startswith(b"E"):
+        return status[1:].decode("utf-8", "replace")
+    return "its watchdog process did not start it" if ready else "its watchdog process did not answer"
 
 
 def _failure_message(code: int, through_shell: bool, last_error_line: deque[str]) -> str:

@@ -38,7 +38,7 @@ def build_scopes(
     """
     fields = dict(fields)
     config = fields.pop("config", None)
-    if "metrics" in fields:  # metrics=9400 (a port) or True: the metrics section, on
+    if "metrics" in fields:  # metrics=18400 (a port) or True: the metrics section, on
         metrics = fields["metrics"]
         if metrics is True or (isinstance(metrics, int) and not isinstance(metrics, bool)):
             fields["metrics"] = {} if metrics is True else {"port": metrics}

@@ -32,7 +32,7 @@ class TorchstepProfCallback(Callback):
     Same arguments as the Hugging Face callback: ``steps`` (``trainer.global_step + 1``),
     ``ranks``, ``contents``, ``on_finish`` (a command, a mapping of ``tsp.on_finish`` arguments
     with ``cmd``, or a ``FinishHookConfig``) and any ``tsp.configure`` field.
-    ``metrics=9400`` (a port, ``True``, or a mapping of ``tsp.metrics`` arguments) also times
+    ``metrics=18400`` (a port, ``True``, or a mapping of ``tsp.metrics`` arguments) also times
     every step and region for Prometheus.
 
     >>> cb = TorchstepProfCallback(steps=[3, 5], save_path="/tmp/prof")     # doctest: +SKIP

@@ -49,7 +49,7 @@ class TorchstepProfCallback(TrainerCallback):
     list), a mapping of ``tsp.on_finish`` arguments with ``cmd``, or a ``FinishHookConfig``;
     ``config_fields``: any ``tsp.configure`` field (``save_path``, ``discrete``, ``schedule``,
     ``config=`` a file...). Arguments are checked here, not when training starts.
-    ``metrics=9400`` (a port, ``True``, or a mapping of ``tsp.metrics`` arguments) also times
+    ``metrics=18400`` (a port, ``True``, or a mapping of ``tsp.metrics`` arguments) also times
     every step and region for Prometheus.
 
     >>> cb = TorchstepProfCallback(steps=[3, 5], save_path="/tmp/prof",     # doctest: +SKIP

@@ -1,12 +1,13 @@
 """The names of region ranges inside traces: ``<role>/<stage>``, checked once and cached.
 
-Regions repeat, so each (role, stage) pair is checked (a label that cannot name a file fails on
-first sight, not on the step that is profiled) and made safe for torch's unescaped JSON once.
+Regions repeat, so each (role, stage) pair is checked once (``labels.py``: the same check as
+metrics make, warnings on first sight, never an error) and made safe for torch's unescaped JSON.
 """
 
 from __future__ import annotations
 
-from ..traces.names import range_label, sanitize_label
+from ..traces.names import range_label
+from .labels import check_labels
 
 __all__ = ["RANGE_NAMES", "range_name"]
 
@@ -19,8 +20,7 @@ def range_name(role: str, stage: str) -> str:
     names = RANGE_NAMES.get(role)
     name = names.get(stage) if names is not None else None
     if name is None:
-        # First sight of this pair under a schedule: a label that cannot name a file fails
-        # now, not hours later on the step that is profiled.
-        sanitize_label(role, "role"), sanitize_label(stage, "stage")
-        name = RANGE_NAMES.setdefault(role, {})[stage] = range_label(f"{role}/{stage}")
+        # First sight of this pair under a schedule: its warnings now, not on a profiled step.
+        texts = check_labels(role, stage)
+        name = RANGE_NAMES.setdefault(role, {})[stage] = range_label(f"{texts[0]}/{texts[1]}")
     return name

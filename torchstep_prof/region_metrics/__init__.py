@@ -1,6 +1,6 @@
 """Always-on region metrics for Prometheus: the recorder, its collector and the HTTP endpoint.
 
-``tsp.metrics(port=9400)`` (or a ``metrics`` config section) times every region and step;
+``tsp.metrics(port=18400)`` (or a ``metrics`` config section) times every region and step;
 ``endpoint()`` says where this process serves them. ``prometheus_client`` is imported only
 when the endpoint starts.
 

@@ -45,12 +45,13 @@ class RegionCollector:
         steps = HistogramMetricFamily(
             f"{PREFIX}_step_seconds", "Wall time of torchstep_prof step blocks", labels=list(_PLACE)
         )
+        # Keys are text (the recorder's series), at most MAX_PAIRS of them plus other and steps.
         for (role, stage), stats in sorted(snapshot().items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
             buckets = _cumulative(bounds, stats.counts)
             if role is STEP_KEY:
                 steps.add_metric(place, buckets, sum_value=stats.sum_s)
             else:
-                regions.add_metric([role, stage, *place], buckets, sum_value=stats.sum_s)
+                regions.add_metric([str(role), str(stage), *place], buckets, sum_value=stats.sum_s)
         yield regions
         yield steps
         yield from self._records(place)

@@ -2,7 +2,8 @@
 
 The port is the configured base port plus the local rank (``LOCAL_RANK`` under torchrun), so
 the processes of one node never ask for the same port. Anything that goes wrong here (the
-``[metrics]`` extra missing, a port in use) is one warning; training goes on, still timed.
+``[metrics]`` extra missing, a port in use) is one warning; training goes on, still timed. What
+a network peer can do to the server is bounded in ``server.py``.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def _start_server(metrics: MetricsConfig) -> tuple[Optional[tuple[str, int]], An
         )
         return None, None
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
     except ImportError:
         warn(
             "torchstep_prof: metrics are on but prometheus_client is not installed "
@@ -102,11 +103,12 @@ def _start_server(metrics: MetricsConfig) -> tuple[Optional[tuple[str, int]], An
         )
         return None, None
     from .collector import RegionCollector
+    from .server import start_server
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RegionCollector())
     try:
-        server, _thread = start_http_server(port, addr=metrics.addr, registry=registry)
+        server = start_server(metrics.addr, port, registry)
     except Exception as exc:  # OSError: port in use, address not here; never into training
         warn(
             f"torchstep_prof: cannot serve metrics on {metrics.addr}:{port} ({exc}); training goes on "

@@ -11,6 +11,10 @@ list operations, so a duration appended meanwhile is folded next time, never los
 
 Every asyncio task and decorated call times on its own region object, so interleaved tasks
 never mix their start times.
+
+A process keeps a series of its own for at most :data:`MAX_PAIRS` distinct (role, stage) pairs;
+pairs seen after that (labels made from data, ``f"step{n}"``) are all counted under
+:data:`OTHER_KEY`, with one warning, so a scrape, the summary and memory stay bounded.
 """
 
 from __future__ import annotations
@@ -24,7 +28,17 @@ import attrs
 
 from .._fork import at_fork_in_child
 
-__all__ = ["BOUNDS", "CellStats", "TimedInner", "TimedRegion", "quantile", "record_step", "snapshot"]
+__all__ = [
+    "BOUNDS",
+    "MAX_PAIRS",
+    "OTHER_KEY",
+    "CellStats",
+    "TimedInner",
+    "TimedRegion",
+    "quantile",
+    "record_step",
+    "snapshot",
+]
 
 _perf = time.perf_counter
 _LOCAL = threading.local()  # .cells: role -> stage -> list of seconds, this thread's
@@ -34,6 +48,17 @@ _FOLDED: dict[tuple[Any, Any], list[Any]] = {}  # (role, stage) -> [sum_s, max_s
 FOLD_EVERY_S = 1.0
 
 STEP_KEY = None  # the (role, stage) key of step blocks' cell: (None, None), never a label
+
+MAX_PAIRS = 256
+"""Distinct (role, stage) pairs a process times each in a series of its own (about 20 series each)."""
+OTHER_KEY = ("other", "other")
+"""Where the times of every pair past :data:`MAX_PAIRS` go (one series, role and stage ``other``)."""
+_MAX_CACHED_OTHERS = 1024  # per thread: later pairs past the cap take the slow path each time
+# The series each cell's key folds into: an admitted pair's own (labels as text), or OTHER_KEY
+# for a pair past the cap (absent here). Written under _STORES_LOCK, at most MAX_PAIRS + 1 keys
+# plus the non-text spellings of admitted pairs.
+_SERIES: dict[tuple[Any, Any], tuple[Any, Any]] = {(STEP_KEY, STEP_KEY): (STEP_KEY, STEP_KEY)}
+_ADMITTED: set[tuple[str, str]] = set()  # the pairs with a series of their own
 
 BOUNDS: list[float] = []
 """The buckets' upper bounds in seconds, set once per process (:func:`set_bounds`)."""
@@ -60,27 +85,78 @@ def forget() -> None:
     with _STORES_LOCK:
         BOUNDS.clear()
         _FOLDED.clear()
+        _ADMITTED.clear()
+        _SERIES.clear()
+        _SERIES[STEP_KEY, STEP_KEY] = (STEP_KEY, STEP_KEY)
+        _capped.clear()
         for _, cells in _STORES:
-            for stages in cells.values():
-                for cell in stages.values():
-                    cell.clear()
+            # Each thread makes its lists again on next use, so its pairs are admitted afresh.
+            cells.clear()
 
 
 def _cell(role: Any, stage: Any) -> list[float]:
-    """This thread's list of (role, stage), made on first use (once per thread and label)."""
+    """This thread's list of (role, stage), made on first use (once per thread and label; a
+    pair past the cap, or a label that is no dict key, finds the thread's ``other`` list)."""
     try:
         cells = _LOCAL.cells
     except AttributeError:
         cells = _LOCAL.cells = {}
+        _LOCAL.others_cached = 0
         with _STORES_LOCK:
             _STORES.append((threading.current_thread(), cells))
-    stages = cells.get(role)
-    if stages is None:
-        stages = cells[role] = {}
-    cell = stages.get(stage)
-    if cell is None:
-        cell = stages[stage] = []
-    return cell
+    try:
+        return cells[role][stage]  # made already (the other list, asked for by a pair past the cap)
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable label: timed under its text
+        return _cell(*_series_of(role, stage))
+    try:
+        series = _SERIES.get((role, stage)) or _series_of(role, stage)
+    except TypeError:
+        return _cell(*_series_of(role, stage))
+    if series == OTHER_KEY and (role, stage) != OTHER_KEY:
+        cell = _cell(*OTHER_KEY)
+        if _LOCAL.others_cached >= _MAX_CACHED_OTHERS:
+            return cell  # not kept under this pair: the thread's dict stays bounded
+        _LOCAL.others_cached += 1
+    else:
+        cell = []
+    return cells.setdefault(role, {}).setdefault(stage, cell)
+
+
+def _series_of(role: Any, stage: Any) -> tuple[Any, Any]:
+    """The series the pair is timed under, admitting it while there is room (first sight of a
+    pair in the process: its labels are checked here, as a schedule's regions check theirs)."""
+    from ..recording.labels import check_labels
+
+    text = check_labels(role, stage)
+    first_over = False
+    with _STORES_LOCK:
+        if text in _ADMITTED or len(_ADMITTED) < MAX_PAIRS:
+            _ADMITTED.add(text)
+            series: tuple[Any, Any] = text
+            try:
+                _SERIES[role, stage] = series
+            except TypeError:  # an unhashable label: its cells are kept under its text
+                pass
+        else:  # past the cap: not remembered, so this dict stays bounded (OTHER_KEY by default)
+            series = OTHER_KEY
+            first_over = not _capped and text != OTHER_KEY
+            _capped.add(True)
+    if first_over:
+        from ..errors import MetricsWarning, warn
+
+        warn(
+            f"torchstep_prof: more than {MAX_PAIRS} distinct (role, stage) pairs are timed; "
+            f"{text[0]!r}/{text[1]!r} and every later new pair are counted as role 'other', stage 'other' "
+            "(labels should name code, not data such as step numbers or sample ids)",
+            MetricsWarning,
+            stacklevel=6,
+        )
+    return series
+
+
+_capped: set[bool] = set()  # not empty once a pair went past the cap (warned once)
 
 
 class TimedRegion:
@@ -101,7 +177,7 @@ class TimedRegion:
         seconds = _perf() - self.t0
         try:
             _LOCAL.cells[self.role][self.stage].append(seconds)
-        except (AttributeError, KeyError):
+        except (AttributeError, KeyError, TypeError):  # first use here; TypeError: unhashable label
             _cell(self.role, self.stage).append(seconds)
 
 
@@ -150,9 +226,10 @@ def _fold() -> None:
                         continue
                     taken = cell[:n]
                     del cell[:n]  # exactly those: one appended meanwhile stays for next time
-                    into = _FOLDED.get((role, stage))
+                    key = _SERIES.get((role, stage), OTHER_KEY)  # the pair's series, or other
+                    into = _FOLDED.get(key)
                     if into is None:
-                        into = _FOLDED[role, stage] = [0.0, 0.0] + [0] * width
+                        into = _FOLDED[key] = [0.0, 0.0] + [0] * width
                     into[0] += sum(taken)
                     into[1] = max(into[1], max(taken))
                     for seconds in taken:
@@ -238,16 +315,25 @@ def quantile(q: float, stats: CellStats, bounds: Optional[list[float]] = None) -
     return stats.max_s
 
 
+SUMMARY_PAIRS = 20
+"""The exit summary shows the (role, stage) pairs that took the most time, at most this many."""
+
+
 def summary_lines() -> Iterator[str]:
-    """The exit summary's lines: one per (role, stage), then the steps, with count, p50, p90, max."""
+    """The exit summary's lines: one per (role, stage), the :data:`SUMMARY_PAIRS` that took the
+    most time, then the steps, with count, p50, p90, max."""
     stats = snapshot()
 
     def line(label: str, s: CellStats) -> str:
         ms = [f"{v * 1000:.3g}" for v in (quantile(0.5, s), quantile(0.9, s), s.max_s)]
         return f"metrics {label}: {s.count} times, p50 {ms[0]} ms, p90 {ms[1]} ms, max {ms[2]} ms"
 
-    for (role, stage), s in sorted(((k, v) for k, v in stats.items() if k[0] is not None), key=lambda kv: kv[0]):
+    pairs = [(k, v) for k, v in stats.items() if k[0] is not None]
+    shown = sorted(pairs, key=lambda kv: -kv[1].sum_s)[:SUMMARY_PAIRS]
+    for (role, stage), s in sorted(shown, key=lambda kv: kv[0]):
         yield line(f"{role}/{stage}", s)
+    if len(pairs) > len(shown):
+        yield f"metrics: {len(pairs) - len(shown)} more (role, stage) pairs, each shorter in total (see /metrics)"
     steps = stats.get((STEP_KEY, STEP_KEY))
     if steps is not None:
         yield line("step", steps)

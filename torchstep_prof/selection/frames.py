@@ -157,8 +157,8 @@ class Frame:
             self.cycle = CyclePlan(schedule)
         self.rank_group: Any = _UNDECIDED
         self.rank_ok = False
-        # The first regions under a frame check their labels even on steps they skip, so a bad
-        # label fails early, not on the first profiled step.
+        # The first regions under a frame check their labels even on steps they skip, so a
+        # label's warnings (recording/labels.py) come early, not on the first profiled step.
         self.label_checks = 2
 
     def labels_seen_enough(self) -> bool:

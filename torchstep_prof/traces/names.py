@@ -17,6 +17,7 @@ __all__ = [
     "TraceName",
     "build_trace_name",
     "fit_label",
+    "label_text",
     "parse_trace_name",
     "range_label",
     "sanitize_label",
@@ -43,7 +44,7 @@ TRACE_NAME_PATTERN = _TRACE_NAME.pattern
 _UNSAFE_IN_RANGE = re.compile(r"[^\x20-\x21\x23-\x5b\x5d-\x7e]")
 
 
-def sanitize_label(label: str, what: str = "label") -> str:
+def sanitize_label(label: object, what: str = "label") -> str:
     """A role or stage as it appears in file names.
 
     >>> sanitize_label("compute_log_prob")
@@ -51,16 +52,33 @@ def sanitize_label(label: str, what: str = "label") -> str:
     >>> sanitize_label("../../etc")
     'etc'
 
-    Raises ``ValueError`` naming ``what`` and the label when nothing is left.
+    A label with nothing left (``"演员"``, ``"___"``) gets a stable encoded form instead, its
+    characters' code points: ``U+6F14+5458``, ``U+5F+5F+5F`` (``U+`` for ``""``). A label that is
+    not a string is used as ``str(label)``. ``what`` is kept for callers that name the label.
+
+    >>> sanitize_label("演员")
+    'U+6F14+5458'
     """
-    if not isinstance(label, str):
-        raise TypeError(f"{what} must be a string (got {label!r})")
-    cleaned = _NOT_LABEL_RUN.sub("-", label).strip("-.")
+    text = label if isinstance(label, str) else label_text(label)
+    cleaned = _NOT_LABEL_RUN.sub("-", text).strip("-.")
     if not cleaned:
-        raise ValueError(
-            f"{what} {label!r} has no character left after sanitizing (file names keep only 0-9 A-Z a-z . = + -)"
-        )
+        return "U+" + "+".join(f"{ord(ch):X}" for ch in text)
     return cleaned
+
+
+def label_text(label: object) -> str:
+    """A label as text: itself if a string, else ``str(label)`` (its type's name if that fails).
+
+    >>> label_text(3)
+    '3'
+    """
+    if isinstance(label, str):
+        return label
+    try:
+        text = str(label)
+    except Exception:  # a __str__ that fails must not fail a region
+        text = type(label).__name__
+    return text if isinstance(text, str) else type(label).__name__
 
 
 MAX_LABEL = 80
