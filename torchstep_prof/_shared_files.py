@@ -55,9 +55,11 @@ def read_capped(path: str, limit: int) -> bytes:
             raise SharedFileError(f"{path}: a symbolic link (refused: not written by the toolkit)") from None
         raise
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise SharedFileError(f"{path}: not a regular file ({_kind(mode)})")
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SharedFileError(f"{path}: not a regular file ({_kind(info.st_mode)})")
+        if info.st_size > limit:
+            raise SharedFileError(f"{path}: bigger than {limit} bytes (refused)")
         chunks: list[bytes] = []
         left = limit + 1
         while left > 0:
