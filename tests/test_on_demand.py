@@ -172,7 +172,7 @@ def test_missed_served_once_malformed_and_status(tmp_path):
         _kill([job])
     output = log.read_text()
     assert job.returncode == 0, output
-    assert f"{od / 'request.json'} is malformed (steps[1]: must be an integer >= 0 (got 'x'); rank: unknown key" in output
+    assert f"{od / 'request.json'} is malformed (steps[1]: must be an integer from 0 to 9007199254740992 (got 'x'); rank: unknown key" in output
     served_list = statuses(od)[0]["served"]
     # Served once: phase 2's poll thread found the request file still there and left it alone.
     assert [(e["id"], e["outcome"]) for e in served_list] == [(missed["id"], "missed 2-3")]
@@ -190,7 +190,7 @@ def test_trigger_without_a_job_and_bad_options(tmp_path):
     assert result.returncode == 1
     assert "no rank polls it (no status-rank*.json)" in result.stderr
     assert not (tmp_path / "request.json").exists()
-    for args, message in ((["--next", "0"], "--next: must be >= 1 (got 0)"),
+    for args, message in ((["--next", "0"], "--next: must be from 1 to 100 steps (got 0)"),
                           (["--contents", "cpu,gpu"], "--contents: 'gpu' not among"),
                           (["--ranks", "1", "--all-ranks"], "not allowed with argument")):
         result = trigger(str(tmp_path), *args)

@@ -208,11 +208,14 @@ def test_the_trigger_command_bounds_requests_as_usage_errors(tmp_path, args, mes
 
 def test_a_missing_folder_is_named_and_not_a_job_that_has_not_started(tmp_path):
     missing = tmp_path / "typo"
-    for args in (["--status"], ["--at", "5"], []):
+    for args in (["--status"], ["--next", "2"]):
         done = trigger(str(missing), *args)
         assert done.returncode == 1, done.stdout
         assert f"{missing} does not exist: no job polls it" in done.stderr
     assert not missing.exists()
+    (tmp_path / "file").write_text("")
+    done = trigger(str(tmp_path / "file"), "--at", "5")
+    assert done.returncode == 1 and f"{tmp_path / 'file'} is not a folder" in done.stderr
     empty = trigger(str(tmp_path), "--status")
     assert empty.returncode == 1 and "no rank polls it (no status-rank*.json)" in empty.stderr
 

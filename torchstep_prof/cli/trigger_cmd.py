@@ -25,8 +25,8 @@ before it reads the request (its last reported step plus its step rate times the
 status file and two of its polls); --at STEP names the first step instead. A status not
 written for over a minute (and 10 polls) is left out; a rank with no step rate yet is
 waited for (three of its polls at most). A request names at most 100 steps (--next).
-Exit codes: 0 the request was written (or the status shown), 1 DIR does not exist or no
-running rank polls it, 2 a usage error.
+Exit codes: 0 the request was written (or the status shown), 1 DIR does not exist (--at
+alone makes it) or no running rank polls it, 2 a usage error.
 """
 
 
@@ -82,7 +82,9 @@ def trigger(args: argparse.Namespace) -> int:
     folder = os.path.abspath(args.dir)
     if not args.status:
         _check_bounds(parser, args)
-    if not os.path.isdir(folder):
+    if not os.path.isdir(folder) and (args.at is None or os.path.lexists(folder)):
+        # A typo must not look like a job that has not started. (--at may write a request
+        # before the job starts: the folder is made then.)
         what = "is not a folder" if os.path.lexists(folder) else "does not exist"
         print(
             f"torchstep-prof trigger: {folder} {what}: no job polls it (the job's on_demand.dir, "

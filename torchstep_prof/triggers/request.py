@@ -104,6 +104,11 @@ def _shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
+def _key(key: str) -> str:
+    """A key as a problem names it: itself when short and printable, else its ``repr``, cut short."""
+    return key if len(key) <= 40 and key.isprintable() else _shown(key, 40)
+
+
 def _int_list(key: str, value: Any, *, non_empty: bool, most: int) -> list[Problem]:
     if not isinstance(value, list):
         return [Problem(key, f"must be a list of integers >= 0 (got {_shown(value)})")]
@@ -173,7 +178,7 @@ def parse_request(data: Any) -> Request:
                 if c not in CONTENT_NAMES
             ]
     unknown = [key for key in data if key not in _KEYS]
-    problems += [Problem(_shown(key, 40), f"unknown key (allowed: {', '.join(_KEYS)})") for key in unknown[:5]]
+    problems += [Problem(_key(key), f"unknown key (allowed: {', '.join(_KEYS)})") for key in unknown[:5]]
     if problems:
         raise ConfigError(problems)
     ranks = data.get("ranks")
