@@ -233,7 +233,9 @@ class Watcher:
             return
         self._warned.add(key)
         if len(self._warned) > _MAX_WARNINGS:
-            message = f"torchstep_prof: on-demand: {_MAX_WARNINGS} warnings about {self.folder}; later ones are not shown"
+            message = (
+                f"torchstep_prof: on-demand: {_MAX_WARNINGS} warnings about {self.folder}; later ones are not shown"
+            )
         warn(message, TorchstepProfWarning, stacklevel=2)
 
 
