@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -145,12 +146,13 @@ def test_fifos_devices_links_and_huge_files_never_block_or_exhaust_the_job(share
     (shared / "go").touch()
     assert job.stdout is not None
     seen: list[str] = []
+    threading.Thread(target=lambda: seen.extend(job.stdout), daemon=True).start()  # type: ignore[arg-type]
 
     def wait_for_line(text: str) -> None:
         deadline = time.monotonic() + WAIT_S
-        while not any(text in line for line in seen):
-            assert time.monotonic() < deadline and job.poll() is None, "".join(seen)
-            seen.append(job.stdout.readline())
+        while not any(text in line for line in list(seen)):
+            assert time.monotonic() < deadline and job.poll() is None, f"no {text!r} in:\n{''.join(seen)}"
+            time.sleep(0.05)
 
     try:
         wait_for_line("entered")
@@ -165,6 +167,11 @@ def test_fifos_devices_links_and_huge_files_never_block_or_exhaust_the_job(share
         status = json.loads((od / "status-rank0.json").read_text())  # ours now: a regular file
         assert status["step"] > 1 and status["served"] == []
         assert (od / "status-rank0.json").stat().st_size < 1000
+        # Each kind of failure is said, not only the first: the folder removed, then a file.
+        shutil.rmtree(od)
+        wait_for_line("status-rank0.json cannot be written ([Errno 2] No such file or directory")
+        od.write_text("")
+        wait_for_line("status-rank0.json cannot be written ([Errno 20] Not a directory")
     finally:
         _kill([job])
     text = "".join(seen)

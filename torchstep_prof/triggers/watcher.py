@@ -155,6 +155,9 @@ class Watcher:
             st = os.lstat(path)  # the link itself, as read_request sees it (it follows none)
         except FileNotFoundError:
             return
+        except OSError as exc:  # the folder gone or replaced: the status write says so too
+            self._warn_once(f"stat-{exc.errno}", f"torchstep_prof: on-demand request {path} cannot be read ({exc})")
+            return
         signature = (st.st_ino, st.st_mtime_ns, st.st_size)
         if signature == self._request_seen:
             return
@@ -224,7 +227,9 @@ class Watcher:
         try:
             replace_exclusively(path, json.dumps(status).encode("utf-8"))
         except OSError as exc:
-            self._warn_once(f"write-{path}", f"torchstep_prof: on-demand status {path} cannot be written ({exc})")
+            self._warn_once(  # once per kind: a different failure later is said too
+                f"write-{path}-{exc.errno}", f"torchstep_prof: on-demand status {path} cannot be written ({exc})"
+            )
 
     def _warn_once(self, key: str, message: str) -> None:
         """Warn once per ``key``; after :data:`_MAX_WARNINGS` different ones, say that later
