@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import gzip
-import itertools
 import os
 import shutil
 import threading
@@ -56,7 +55,7 @@ class _ExportFailed(Exception):
 class _Job:
     """One stopped session waiting for the writer."""
 
-    __slots__ = ("session", "record", "name", "on_written", "number")
+    __slots__ = ("session", "record", "name", "on_written")
 
     def __init__(
         self,
@@ -64,13 +63,11 @@ class _Job:
         record: TraceRecord,
         name: TraceName,
         on_written: Callable[[TraceRecord], None],
-        number: int,
     ) -> None:
         self.session = session
         self.record = record
         self.name = name
         self.on_written = on_written
-        self.number = number
 
 
 class TraceWriter:
@@ -87,7 +84,6 @@ class TraceWriter:
         self._claimed: set[str] = set()
         self._cleaned: set[str] = set()  # folders already rid of dead processes' temporaries
         self._reported: set[tuple[str, str]] = set()
-        self._writes = itertools.count(1)
         self._host = host_label()
         self._unregister = background.add(background.WRITES, self.flush)
 
@@ -99,7 +95,7 @@ class TraceWriter:
         recorded. Waits (back-pressure) while more than :data:`MAX_PENDING` traces are queued;
         a KeyboardInterrupt there leaves the trace queued, to be written."""
         name = self._name_for(session)
-        job = _Job(session, self._record_for(session, name), name, on_written, next(self._writes))
+        job = _Job(session, self._record_for(session, name), name, on_written)
         with self._lock:
             self._queue.append(job)
             self._queued += 1
