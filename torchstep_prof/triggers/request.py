@@ -6,8 +6,10 @@ A request names absolute step numbers, so every rank that reads it profiles the 
      "contents": null, "discrete": null}
 
 ``ranks``/``all_ranks``, ``contents`` and ``discrete`` override the job's own configuration for
-those steps (``null``: keep the job's; ``discrete`` defaults to fused traces, one per step). No
-torch here: the command line imports this module.
+those steps (``null``: keep the job's; ``discrete`` defaults to fused traces, one per step).
+Whoever can write the folder can write a request, so it is bounded (the ``MAX_*`` constants:
+docs/on-demand.md) and read as a shared file (``_shared_files.read_capped``). No torch here:
+the command line imports this module.
 """
 
 from __future__ import annotations
