@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -175,4 +177,43 @@ def test_a_planted_marker_root_is_refused_with_a_warning(node_env, tmp_path):
     with pytest.warns(FinishHookWarning, match="could not mark"):
         _node_sync.mark_finished("scope", 0, node_env)
     assert not list(elsewhere.iterdir())
-    assert _node_sync.wait_for_node("scope", 1, 0.1, node_env) == (0,)
+    with pytest.warns(FinishHookWarning, match="cannot wait for the node's ranks"):
+        assert _node_sync.wait_for_node("scope", 1, 0.1, node_env) == (0,)
+
+
+_OTHER_USER = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def _as_root_with_setpriv() -> None:
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv (util-linux) to act as a second user")
+
+
+def test_a_marker_root_another_user_made_first_fails_fast(node_env, tmp_path):
+    """Another user of a shared /tmp makes ``torchstep_prof-<uid>`` first: the node's uploader
+    says so at once instead of waiting out node_wait_s (300 s here)."""
+    _as_root_with_setpriv()
+    shared_tmp = Path(tempfile.mkdtemp(prefix="tsp-shared-tmp-", dir="/tmp"))
+    try:
+        shared_tmp.chmod(0o1777)  # as /tmp is
+        root = shared_tmp / f"torchstep_prof-{os.getuid()}"
+        subprocess.run([*_OTHER_USER, "mkdir", "-m", "0777", str(root)], check=True)
+        env = dict(node_env, TMPDIR=str(shared_tmp))
+        script = (
+            "import sys, time, types\n"
+            "package = types.ModuleType('torchstep_prof'); package.__path__ = [sys.argv[1]]\n"
+            "sys.modules['torchstep_prof'] = package\n"
+            "from torchstep_prof.hook import node_sync\n"
+            "node_sync.mark_finished('scope', 0)\n"
+            "t0 = time.monotonic(); missing = node_sync.wait_for_node('scope', 2, 300)\n"
+            "print(list(missing), round(time.monotonic() - t0))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", script, str(_REPO / "torchstep_prof")], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["[0,", "1]", "0"]  # both missing, no wait
+        assert f"{root} (owned by uid 65534, mode 777) is not a private folder of this user" in done.stderr
+        assert "cannot wait for the node's ranks" in done.stderr and "TMPDIR" in done.stderr
+        assert not list(root.iterdir())  # nothing of ours went into their folder
+    finally:
+        shutil.rmtree(shared_tmp)

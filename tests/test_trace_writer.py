@@ -42,7 +42,8 @@ def held_exports(save_dir, monkeypatch):
     original = torch.profiler.profile.export_chrome_trace
 
     def held(self, path, *args, **kwargs):
-        if str(path).startswith(str(save_dir)):
+        # The write's work folder is reached through /proc/self/fd: resolve it to see where it is.
+        if os.path.realpath(path).startswith(str(save_dir)):
             threads.append(threading.current_thread().name)
             gate.wait(60)
         return original(self, path, *args, **kwargs)

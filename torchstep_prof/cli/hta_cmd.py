@@ -26,6 +26,7 @@ import shutil
 from typing import TYPE_CHECKING
 
 from . import _tracedir
+from .._shared_files import replace_exclusively
 
 if TYPE_CHECKING:
     from ..traces.files import TraceInfo
@@ -184,12 +185,6 @@ def _write_with_rank(info: TraceInfo, dest: str) -> None:
     dist.update(rank=info.rank, world_size=info.world_size)
     # distributedInfo first, and json's default ": " separator: HTA's pattern needs the space.
     text = json.dumps({"distributedInfo": dist, **trace})
-    tmp = f"{dest}.tmp"
-    opener = gzip.open if dest.endswith(".gz") else open
-    try:
-        with opener(tmp, "wt", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    data = text.encode("utf-8")
+    # A new temporary name and a rename: never through a link planted in a shared OUT.
+    replace_exclusively(dest, gzip.compress(data) if dest.endswith(".gz") else data)

@@ -101,16 +101,8 @@ def _filter_words(args: argparse.Namespace) -> list[str]:
 
 
 def _write(path: str, text: str) -> None:
-    """Write under a temporary name, then rename: a reader never sees half a page."""
-    folder = os.path.dirname(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+    """Write under a new temporary name, then rename: a reader never sees half a page, and a
+    link planted in the (maybe shared) trace folder is never written through."""
+    from .._shared_files import replace_exclusively
+
+    replace_exclusively(os.path.abspath(path), text.encode("utf-8"))

@@ -24,8 +24,9 @@ The first step is the first multiple of --align past the highest step any rank c
 before it reads the request (its last reported step plus its step rate times the age of its
 status file and two of its polls); --at STEP names the first step instead. A status not
 written for over a minute (and 10 polls) is left out; a rank with no step rate yet is
-waited for (three of its polls at most). Exit codes: 0 the request was written
-(or the status shown), 1 no running rank polls DIR, 2 a usage error.
+waited for (three of its polls at most). A request names at most 100 steps (--next).
+Exit codes: 0 the request was written (or the status shown), 1 DIR does not exist (--at
+alone makes it) or no running rank polls it, 2 a usage error.
 """
 
 
@@ -59,22 +60,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=trigger, trigger_parser=parser)
 
 
+_MAX_ALIGN = 1_000_000
+
+
+def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The bounds of a request (docs/on-demand.md), as usage errors: exit 2, nothing written."""
+    from ..triggers.request import MAX_STEP, MAX_STEPS
+
+    if not 1 <= args.next <= MAX_STEPS:
+        parser.error(f"--next: must be from 1 to {MAX_STEPS} steps (got {args.next}); each one is a profiled step")
+    if not 1 <= args.align <= _MAX_ALIGN:
+        parser.error(f"--align: must be from 1 to {_MAX_ALIGN} (got {args.align})")
+    if args.at is not None and not 0 <= args.at <= MAX_STEP - args.next:
+        parser.error(f"--at: must be from 0 to {MAX_STEP - args.next} (got {args.at})")
+    if args.ranks is not None and any(not 0 <= rank <= MAX_STEP for rank in args.ranks):
+        parser.error(f"--ranks: must be from 0 to {MAX_STEP}")
+
+
 def trigger(args: argparse.Namespace) -> int:
     from ..triggers.status import read_statuses
 
     parser: argparse.ArgumentParser = args.trigger_parser
     folder = os.path.abspath(args.dir)
+    if not args.status:
+        _check_bounds(parser, args)
+    if not os.path.isdir(folder) and (args.at is None or os.path.lexists(folder)):
+        # A typo must not look like a job that has not started. (--at may write a request
+        # before the job starts: the folder is made then.)
+        what = "is not a folder" if os.path.lexists(folder) else "does not exist"
+        print(
+            f"torchstep-prof trigger: {folder} {what}: no job polls it (the job's on_demand.dir, "
+            "made when its on_demand scope is entered)",
+            file=sys.stderr,
+        )
+        return 1
     statuses, bad = read_statuses(folder)
     for line in bad:
-        print(f"torchstep-prof trigger: skipped {line}", file=sys.stderr)
+        print(f"torchstep-prof trigger: skipped {_printable(line)}", file=sys.stderr)
     if args.status:
         _show_status(folder, statuses)
+        if not statuses:
+            print(f"torchstep-prof trigger: {folder}: no rank polls it (no status-rank*.json)", file=sys.stderr)
+            return 1
         return 0
-    for option in ("next", "align"):
-        if getattr(args, option) < 1:
-            parser.error(f"--{option}: must be >= 1 (got {getattr(args, option)})")
-    if args.at is not None and args.at < 0:
-        parser.error(f"--at: must be >= 0 (got {args.at})")
     contents = None
     if args.contents is not None:
         from ..config.model import CONTENT_NAMES
@@ -118,7 +146,7 @@ def _with_rates(folder: str, running: list[Any]) -> list[Any]:
     as the fastest (planning.py)."""
     from ..triggers.status import read_statuses
 
-    deadline = time.monotonic() + 3 * max(s.poll_s for s in running) + 1.0
+    deadline = time.monotonic() + min(3 * max(s.poll_s for s in running) + 1.0, _MAX_RATE_WAIT_S)
     while any(s.rate is None for s in running) and time.monotonic() < deadline:
         time.sleep(0.1)
         now = time.time()
@@ -128,7 +156,8 @@ def _with_rates(folder: str, running: list[Any]) -> list[Any]:
 
 def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: Any) -> int:
     from ..triggers.planning import choose_steps
-    from ..triggers.request import Request, new_id, write_request
+    from ..errors import ConfigError
+    from ..triggers.request import Request, new_id, parse_request, write_request
 
     rule: dict[str, Any]
     if args.at is not None:
@@ -148,6 +177,11 @@ def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: 
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         rule=rule,
     )
+    try:  # the steps a status file pushed out of bounds (a rank reporting step 2**60, say)
+        parse_request(request.to_json())
+    except ConfigError as exc:
+        print(f"torchstep-prof trigger: no request written: {_printable(exc, 400)}", file=sys.stderr)
+        return 1
     _note_unread(folder, running)
     path = write_request(folder, request)
     shown = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
@@ -186,6 +220,14 @@ def _stale(status: Any, now: float) -> bool:
 
 
 _STALE_S = 60.0
+_MAX_RATE_WAIT_S = 30.0  # however long the ranks say they poll: the command stays interactive
+
+
+def _printable(text: Any, limit: int = 200) -> str:
+    """Text from a shared folder (request ids, outcomes, paths) as printed: control characters
+    shown escaped, cut at ``limit`` characters. The one place this command prints such text."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def _show_status(folder: str, statuses: list[Any]) -> None:
@@ -197,11 +239,15 @@ def _show_status(folder: str, statuses: list[Any]) -> None:
     if statuses:
         print(f"{'rank':<6}{'step':>8}{'age s':>8}{'steps/s':>9}  {'state':<8}requests served")
     for s in statuses:
-        rank = f"{s.rank}" + (f" {s.role}" if s.role else "")
+        rank = f"{s.rank}" + (f" {_printable(s.role, 80)}" if s.role else "")
         step = "-" if s.step is None else str(s.step)
         rate = "-" if s.rate is None else f"{s.rate:.1f}"
         served = (
-            "; ".join(f"{e.get('id')} {_steps(e.get('steps'))}: {e.get('outcome')}" for e in s.served[-5:]) or "none"
+            "; ".join(
+                f"{_printable(e.get('id'), 80)} {_steps(e.get('steps'))}: {_printable(e.get('outcome'))}"
+                for e in s.served[-5:]
+            )
+            or "none"
         )
         more = f" (+{len(s.served) - 5} earlier)" if len(s.served) > 5 else ""
         state = ("stale" if _stale(s, now) else "running") if s.running else "stopped"
@@ -211,7 +257,7 @@ def _show_status(folder: str, statuses: list[Any]) -> None:
         try:
             request = read_request(path)
         except (ConfigError, OSError) as exc:
-            print(f"request file {path}: malformed ({exc})")
+            print(f"request file {path}: malformed ({_printable(exc, 400)})")
         else:
             waiting = [
                 str(s.rank) for s in statuses if s.running and not _stale(s, now) and request.id not in s.served_ids()
@@ -221,8 +267,10 @@ def _show_status(folder: str, statuses: list[Any]) -> None:
 
 
 def _steps(steps: Any) -> str:
-    if not isinstance(steps, list) or not steps:
+    if not isinstance(steps, list) or not steps or not all(isinstance(n, int) for n in steps):
         return "steps ?"
     if len(steps) == 1:
         return f"step {steps[0]}"
-    return f"steps {steps[0]}-{steps[-1]}" if steps == list(range(steps[0], steps[-1] + 1)) else f"steps {steps}"
+    if steps == list(range(steps[0], steps[0] + len(steps))):
+        return f"steps {steps[0]}-{steps[-1]}"
+    return _printable(f"steps {steps}", 80)

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Union
 
+from .._shared_files import replace_exclusively
 from .model import ProfilerConfig
 from .converter import from_dict, to_dict
 from ..errors import ConfigError, Problem
@@ -96,13 +97,7 @@ def dump_config(cfg: ProfilerConfig, path: PathLike) -> None:
     >>> dump_config(ProfilerConfig(ranks=(0, 1)), "profile.toml")  # doctest: +SKIP
     """
     text = format_config(cfg, _format_of(path))
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    replace_exclusively(os.path.abspath(path), text.encode("utf-8"))  # never through a planted link
 
 
 def format_config(cfg: ProfilerConfig, fmt: str = "yaml") -> str:

@@ -294,7 +294,18 @@ class OnDemandConfig:
     poll_s: float = 1.0
 
     def __attrs_post_init__(self) -> None:
-        _raise_if(_validate(self, {"dir": _save_path, "poll_s": _seconds(allow_zero=False)}))
+        _raise_if(_validate(self, {"dir": _save_path, "poll_s": _poll_seconds}))
+
+
+MAX_POLL_S = 3600.0
+"""The longest ``on_demand.poll_s``: a job that polls less often than hourly cannot serve requests."""
+
+
+def _poll_seconds(key: str, value: Any) -> list[Problem]:
+    problems = _seconds(allow_zero=False)(key, value)
+    if not problems and value > MAX_POLL_S:
+        problems.append(Problem(key, f"must be at most {MAX_POLL_S:g} seconds (got {value!r})"))
+    return problems
 
 
 DEFAULT_METRICS_PORT = 18400

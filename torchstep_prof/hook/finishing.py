@@ -62,6 +62,8 @@ def runs_hook(scope: HookScope, topology: Topology, where: Optional[ProfilerConf
     hook = config.finish_hook
     if hook is None or not config.enable:
         return False
+    if scope.served_requests and not scope.traces:
+        return False  # each on-demand request ran it with its own traces: none is left to hand over
     if hook.per_node:
         return topology.local_rank == 0
     if hook.all_ranks or hook.ranks is not None:

@@ -20,6 +20,7 @@ import tempfile
 import time
 from typing import Mapping, Optional
 
+from .._shared_files import replace_exclusively
 from ..errors import FinishHookWarning, warn
 
 __all__ = ["cleanup", "mark_finished", "node_key", "wait_for_node"]
@@ -76,10 +77,7 @@ def mark_finished(scope_id: str, local_rank: int, environ: Optional[Mapping[str,
     try:
         folder = _scope_dir(scope_id, environ, create=True)
         final = os.path.join(folder, f"rank{local_rank}")
-        temporary = os.path.join(folder, f".rank{local_rank}.{os.getpid()}.tmp")
-        with open(temporary, "w") as handle:
-            handle.write(f"{os.getpid()} {time.time():.3f}\n")
-        os.replace(temporary, final)
+        replace_exclusively(final, f"{os.getpid()} {time.time():.3f}\n".encode())
     except OSError as exc:
         warn(
             f"finish hook: local rank {local_rank} could not mark its profiling finished ({exc}); "
@@ -107,10 +105,16 @@ def wait_for_node(
     deadline = time.monotonic() + timeout_s
     try:
         folder = _scope_dir(scope_id, environ, create=True)
-    except OSError:
-        # Nobody could have marked anything either: wait out the bound as the contract says,
-        # so a rank merely slow to start is not reported missing early.
-        folder = None
+    except OSError as exc:
+        # No node-mate can mark anything here either (the same folder fails for them): waiting
+        # out the bound would only stall every per-node hook. Say why, and run it now.
+        warn(
+            f"finish hook: cannot wait for the node's ranks ({exc}); running the per-node hook now "
+            f"without waiting for them",
+            FinishHookWarning,
+            stacklevel=2,
+        )
+        return tuple(sorted(wanted))
     while True:
         missing = wanted - _marked(folder)
         if not missing or time.monotonic() >= deadline:
@@ -165,8 +169,12 @@ def _root_dir() -> str:
         pass
     # In a shared /tmp another user could have planted this name (or a link) first.
     info = os.lstat(root)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
-        raise PermissionError(f"{root!r} is not a folder owned by this user; refusing to use it")
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077:
+        owner = "a link" if stat.S_ISLNK(info.st_mode) else f"owned by uid {info.st_uid}, mode {info.st_mode & 0o777:o}"
+        raise PermissionError(
+            f"{root} ({owner}) is not a private folder of this user (uid {uid}, mode 700): someone else "
+            "may have made it; remove it, or point TMPDIR at a folder of your own"
+        )
     return root
 
 
@@ -178,9 +186,7 @@ def _scope_dir(scope_id: str, environ: Optional[Mapping[str, str]], *, create: b
     return folder
 
 
-def _marked(folder: Optional[str]) -> set[int]:
-    if folder is None:
-        return set()
+def _marked(folder: str) -> set[int]:
     try:
         names = os.listdir(folder)
     except OSError:

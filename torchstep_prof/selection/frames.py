@@ -66,6 +66,9 @@ class HookScope:
         self.finished = False  # profiling under it is over: its hook has been started or skipped
         self.profiled = False  # this rank profiled a step under it (it then runs the hook)
         self.hook_started = False  # the traces below were handed to the command
+        # On-demand requests served under it ran its hook for their own traces: at its end it
+        # runs again only for traces of its own (triggers/plan.py).
+        self.served_requests = False
         self.traces: list[str] = []
         self.roles: list[str] = []
         # Local ranks of one node must agree on which scope they finish, without talking to

@@ -85,7 +85,11 @@ class Plan:
                 contents=request.contents if request.contents is not None else base.config.contents,
                 discrete=bool(request.discrete),
             )
-            hook_scope = HookScope(config, None) if config.finish_hook is not None else None
+            hook_scope = None
+            if config.finish_hook is not None:
+                hook_scope = HookScope(config, None)
+                for scope in base.hook_scope.chain() if base.hook_scope is not None else ():
+                    scope.served_requests = True  # this request runs their hook with its traces
             frame = TriggeredFrame(config, hook_scope)
             frame.base = base
             self._base, self._frame = base, frame

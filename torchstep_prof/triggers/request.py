@@ -6,8 +6,10 @@ A request names absolute step numbers, so every rank that reads it profiles the 
      "contents": null, "discrete": null}
 
 ``ranks``/``all_ranks``, ``contents`` and ``discrete`` override the job's own configuration for
-those steps (``null``: keep the job's; ``discrete`` defaults to fused traces, one per step). No
-torch here: the command line imports this module.
+those steps (``null``: keep the job's; ``discrete`` defaults to fused traces, one per step).
+Whoever can write the folder can write a request, so it is bounded (the ``MAX_*`` constants:
+docs/on-demand.md) and read as a shared file (``_shared_files.read_capped``). No torch here:
+the command line imports this module.
 """
 
 from __future__ import annotations
@@ -15,16 +17,23 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import secrets
-import tempfile
 from typing import Any, Mapping, Optional, Tuple
 
 import attrs
 
+from .._shared_files import read_capped, replace_exclusively
 from ..config.model import CONTENT_NAMES
 from ..errors import ConfigError, Problem
 
 __all__ = [
+    "MAX_ID_LENGTH",
+    "MAX_RANKS",
+    "MAX_REQUEST_BYTES",
+    "MAX_STEP",
+    "MAX_STEPS",
+    "MAX_STEP_SPAN",
     "REQUEST_FILE",
     "Request",
     "new_id",
@@ -37,6 +46,24 @@ __all__ = [
 REQUEST_FILE = "request.json"
 
 _KEYS = ("id", "steps", "ranks", "all_ranks", "contents", "discrete", "created", "rule")
+
+# The bounds of a request (docs/on-demand.md). Anyone who can write the folder can write a
+# request, and the job pays for it: every step of a request is a profiled step, and the id is
+# copied into the status file rewritten every poll.
+MAX_REQUEST_BYTES = 64 * 1024
+"""The largest request file read (a request the command writes is well under 1 KiB)."""
+MAX_STEPS = 100
+"""The most steps one request profiles (``--next``)."""
+MAX_STEP_SPAN = 10_000
+"""The farthest apart a request's first and last steps may be."""
+MAX_STEP = 2**53
+"""The largest step number (and rank) a request names: an exact JSON number anywhere."""
+MAX_ID_LENGTH = 64
+"""The longest request id."""
+MAX_RANKS = 65_536
+"""The most ranks a request lists."""
+_ID = re.compile(r"[0-9A-Za-z._:+-]+")
+_ID_RULE = f"1 to {MAX_ID_LENGTH} characters of 0-9 A-Z a-z . _ : + -"
 
 
 @attrs.frozen(kw_only=True)
@@ -73,16 +100,47 @@ def new_id() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def _int_list(key: str, value: Any, *, non_empty: bool) -> list[Problem]:
+def _shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut short: a problem line never carries a 30 MB value."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _key(key: str) -> str:
+    """A key as a problem names it: itself when short and printable, else its ``repr``, cut short."""
+    return key if len(key) <= 40 and key.isprintable() else _shown(key, 40)
+
+
+def _int_list(key: str, value: Any, *, non_empty: bool, most: int) -> list[Problem]:
     if not isinstance(value, list):
-        return [Problem(key, f"must be a list of integers >= 0 (got {value!r})")]
+        return [Problem(key, f"must be a list of integers >= 0 (got {_shown(value)})")]
     if non_empty and not value:
         return [Problem(key, "must list at least one step (got [])")]
-    return [
-        Problem(f"{key}[{i}]", f"must be an integer >= 0 (got {item!r})")
+    if len(value) > most:
+        return [Problem(key, f"must list at most {most} (got {len(value)})")]
+    bad = [
+        Problem(f"{key}[{i}]", f"must be an integer from 0 to {MAX_STEP} (got {_shown(item)})")
         for i, item in enumerate(value)
-        if not isinstance(item, int) or isinstance(item, bool) or item < 0
+        if not isinstance(item, int) or isinstance(item, bool) or not 0 <= item <= MAX_STEP
     ]
+    return bad[:5]  # the first few: a list of a million bad items is one mistake
+
+
+def _id_problems(request_id: Any) -> list[Problem]:
+    if request_id is None:
+        return [Problem("id", f"required ({_ID_RULE})")]
+    if not isinstance(request_id, str) or len(request_id) > MAX_ID_LENGTH or not _ID.fullmatch(request_id):
+        return [Problem("id", f"must be {_ID_RULE} (got {_shown(request_id)})")]
+    return []
+
+
+def _steps_problems(steps: Any) -> list[Problem]:
+    problems = _int_list("steps", steps, non_empty=True, most=MAX_STEPS)
+    if not problems and max(steps) - min(steps) > MAX_STEP_SPAN:
+        problems.append(
+            Problem("steps", f"must lie within {MAX_STEP_SPAN} steps of each other (got {min(steps)} to {max(steps)})")
+        )
+    return problems
 
 
 def parse_request(data: Any) -> Request:
@@ -94,44 +152,35 @@ def parse_request(data: Any) -> Request:
     Traceback (most recent call last):
     ...
     torchstep_prof.errors.ConfigError: 2 problems in the configuration:
-      id: required (a non-empty string)
-      steps[0]: must be an integer >= 0 (got -1)
+      id: required (1 to 64 characters of 0-9 A-Z a-z . _ : + -)
+      steps[0]: must be an integer from 0 to 9007199254740992 (got -1)
     """
     if not isinstance(data, dict):
         raise ConfigError([Problem("", f"must be a JSON object (got {type(data).__name__})")])
-    problems: list[Problem] = []
     request_id = data.get("id")
-    if not isinstance(request_id, str) or not request_id:
-        problems.append(
-            Problem(
-                "id",
-                "required (a non-empty string)"
-                if request_id is None
-                else f"must be a non-empty string (got {request_id!r})",
-            )
-        )
+    problems = _id_problems(request_id)
     if "steps" not in data:
         problems.append(Problem("steps", "required (a list of step numbers)"))
     else:
-        problems += _int_list("steps", data["steps"], non_empty=True)
+        problems += _steps_problems(data["steps"])
     if data.get("ranks") is not None:
-        problems += _int_list("ranks", data["ranks"], non_empty=True)
+        problems += _int_list("ranks", data["ranks"], non_empty=True, most=MAX_RANKS)
     for key in ("all_ranks", "discrete"):
         if data.get(key) is not None and not isinstance(data[key], bool):
-            problems.append(Problem(key, f"must be true, false or null (got {data[key]!r})"))
+            problems.append(Problem(key, f"must be true, false or null (got {_shown(data[key])})"))
     contents = data.get("contents")
     if contents is not None:
-        if not isinstance(contents, list):
-            problems.append(
-                Problem("contents", f"must be a list of names from {', '.join(CONTENT_NAMES)} (got {contents!r})")
-            )
+        allowed = ", ".join(CONTENT_NAMES)
+        if not isinstance(contents, list) or len(contents) > len(CONTENT_NAMES):
+            problems.append(Problem("contents", f"must be a list of names from {allowed} (got {_shown(contents)})"))
         else:
             problems += [
-                Problem(f"contents[{i}]", f"{c!r} is not one of {', '.join(CONTENT_NAMES)}")
+                Problem(f"contents[{i}]", f"{_shown(c)} is not one of {allowed}")
                 for i, c in enumerate(contents)
                 if c not in CONTENT_NAMES
             ]
-    problems += [Problem(str(key), f"unknown key (allowed: {', '.join(_KEYS)})") for key in data if key not in _KEYS]
+    unknown = [key for key in data if key not in _KEYS]
+    problems += [Problem(_key(key), f"unknown key (allowed: {', '.join(_KEYS)})") for key in unknown[:5]]
     if problems:
         raise ConfigError(problems)
     ranks = data.get("ranks")
@@ -150,32 +199,23 @@ def parse_request(data: Any) -> Request:
 
 def read_request(path: str) -> Request:
     """The request in the file at ``path``; ``ConfigError`` for a file that is not one
-    (``OSError`` when it cannot be read)."""
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
+    (``OSError`` when it cannot be read, or is not a regular file of at most
+    :data:`MAX_REQUEST_BYTES`: see ``_shared_files.read_capped``)."""
+    text = read_capped(path, MAX_REQUEST_BYTES)
     try:
         data = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError([Problem("", f"not valid JSON ({exc})")]) from None
+    except ValueError as exc:  # UnicodeDecodeError and too many digits included
+        raise ConfigError([Problem("", f"not valid JSON ({_shown(str(exc), 120)})")]) from None
+    except RecursionError:
+        raise ConfigError([Problem("", "not valid JSON (nested too deeply)")]) from None
     return parse_request(data)
 
 
 def write_json_atomically(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename: a reader sees
-    the old file or the new one, never half of one."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=1)
-            handle.write("\n")
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
+    """Write ``data`` as JSON to ``path`` through a new file and a rename: a reader sees the old
+    file or the new one, never half of one, and a link planted at ``path`` is replaced, never
+    written through."""
+    replace_exclusively(os.path.abspath(path), (json.dumps(data, indent=1) + "\n").encode("utf-8"))
 
 
 def write_request(folder: str, request: Request) -> str:

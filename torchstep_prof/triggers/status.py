@@ -9,25 +9,41 @@ already served there is never served again. No torch here.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 from typing import Any, Optional
 
 import attrs
 
-__all__ = ["MAX_SERVED", "RankStatus", "read_statuses", "status_path"]
+from .._shared_files import read_capped
+from ..traces.names import fit_label, sanitize_label
+
+__all__ = ["MAX_SERVED", "MAX_STATUS_BYTES", "MAX_STATUS_FILES", "RankStatus", "read_statuses", "status_path"]
 
 MAX_SERVED = 50  # requests kept in a status file (the newest): it stays small
+MAX_STATUS_BYTES = 1 << 20
+"""The largest status file read (one holds at most MAX_SERVED bounded requests: ~100 KiB)."""
+MAX_STATUS_FILES = 4096
+"""The most status files ``trigger`` reads in one folder (one per rank and role)."""
 
 
 def status_path(folder: str, rank: int, role: Optional[str] = None) -> str:
-    """Where rank ``rank`` (of process role ``role``) writes its status.
+    """Where rank ``rank`` (of process role ``role``) writes its status: always a file directly
+    in ``folder``, the role written as in trace file names.
 
     >>> status_path("/d", 3)
     '/d/status-rank3.json'
+    >>> status_path("/d", 0, "../../etc/actor")
+    '/d/status-rank0-etc-actor.json'
     """
-    suffix = f"-{role}" if role else ""
-    return os.path.join(folder, f"status-rank{rank}{suffix}.json")
+    if not role:
+        return os.path.join(folder, f"status-rank{rank}.json")
+    try:
+        label = fit_label(sanitize_label(role))
+    except ValueError:  # nothing left after sanitizing: a stable stand-in
+        label = "role+" + hashlib.sha1(role.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return os.path.join(folder, f"status-rank{rank}-{label}.json")
 
 
 @attrs.frozen(kw_only=True)
@@ -54,18 +70,20 @@ class RankStatus:
         if not isinstance(data, dict) or not isinstance(data.get("rank"), int):
             raise ValueError(f"{path}: not a status file (no integer 'rank')")
         served = data.get("served")
-        number = (int, float)
+        # Anyone who can write the folder can write a status file: numbers out of their range
+        # count as missing, so no rank's report can push a request's steps out of bounds.
+        step, rate, poll_s = (_number(data.get(key), top) for key, top in _RANGES)
         return cls(
             path=path,
             rank=data["rank"],
             role=data.get("role") if isinstance(data.get("role"), str) else None,
             pid=data.get("pid") if isinstance(data.get("pid"), int) else None,
             host=data.get("host") if isinstance(data.get("host"), str) else None,
-            step=data.get("step") if isinstance(data.get("step"), int) else None,
-            time=float(data["time"]) if isinstance(data.get("time"), number) else 0.0,
-            rate=float(data["rate"]) if isinstance(data.get("rate"), number) else None,
-            poll_s=float(data["poll_s"]) if isinstance(data.get("poll_s"), number) else 1.0,
-            served=tuple(s for s in served if isinstance(s, dict)) if isinstance(served, list) else (),
+            step=int(step) if isinstance(step, int) else None,
+            time=float(data["time"]) if _number(data.get("time"), 1e12) is not None else 0.0,
+            rate=float(rate) if rate is not None else None,
+            poll_s=float(poll_s) if poll_s else 1.0,
+            served=tuple(s for s in served[-MAX_SERVED:] if isinstance(s, dict)) if isinstance(served, list) else (),
             running=data.get("running") is not False,
         )
 
@@ -73,20 +91,38 @@ class RankStatus:
         return {s["id"] for s in self.served if isinstance(s.get("id"), str)}
 
 
+_RANGES = (("step", 2**53), ("rate", 1e7), ("poll_s", 3600.0))  # the largest value each may take
+
+
+def _number(value: Any, top: float) -> Optional[float]:
+    """``value`` when it is a finite number from 0 to ``top``, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if 0 <= value <= top else None  # NaN fails both comparisons
+
+
 def read_status(path: str) -> RankStatus:
-    """The status in ``path``; ``OSError`` or ``ValueError`` when it cannot be read as one."""
-    with open(path, encoding="utf-8") as handle:
-        return RankStatus.from_json(path, json.load(handle))
+    """The status in ``path``; ``OSError`` or ``ValueError`` when it cannot be read as one
+    (a FIFO, a link, a device or a file over :data:`MAX_STATUS_BYTES` is refused, never waited
+    on or read whole)."""
+    try:
+        data = json.loads(read_capped(path, MAX_STATUS_BYTES))
+    except RecursionError:
+        raise ValueError(f"{path}: not a status file (nested too deeply)") from None
+    return RankStatus.from_json(path, data)
 
 
 def read_statuses(folder: str) -> tuple[list[RankStatus], list[str]]:
     """Every rank's status in ``folder``, by rank, and a line for each file that is not one."""
     found: list[RankStatus] = []
     bad: list[str] = []
-    for path in sorted(glob.glob(os.path.join(glob.escape(folder), "status-rank*.json"))):
+    paths = sorted(glob.glob(os.path.join(glob.escape(folder), "status-rank*.json")))
+    if len(paths) > MAX_STATUS_FILES:
+        bad.append(f"{folder}: {len(paths)} status files; only the first {MAX_STATUS_FILES} are read")
+    for path in paths[:MAX_STATUS_FILES]:
         try:
             found.append(read_status(path))
         except (OSError, ValueError) as exc:
-            bad.append(f"{path}: {exc}")
+            bad.append(f"{path}: {exc}" if path not in str(exc) else str(exc))
     found.sort(key=lambda s: (s.rank, s.role or ""))
     return found, bad

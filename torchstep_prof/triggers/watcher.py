@@ -24,12 +24,13 @@ from typing import Any, Optional
 
 
 from .._fork import at_fork_in_child
+from .._shared_files import SharedFileError, replace_exclusively
 from ..config.model import OnDemandConfig
 from ..errors import ConfigError, TorchstepProfWarning, warn
 from ..selection.frames import Frame, frame_if_read, when_a_frame_opts_in
 from ..topology import current_topology
 from .plan import Plan
-from .request import REQUEST_FILE, read_request
+from .request import MAX_ID_LENGTH, MAX_STEPS, REQUEST_FILE, read_request
 from .status import MAX_SERVED, read_status, status_path
 
 __all__ = ["ON_DEMAND", "Watcher", "scope_left", "watch"]
@@ -48,6 +49,7 @@ class _State:
 ON_DEMAND = _State()
 _LOCK = threading.Lock()
 _RATE_SAMPLES = 6  # the step rate is measured over the last few polls: it follows a job that speeds up
+_MAX_WARNINGS = 20  # different warnings one poll thread gives
 
 
 class Watcher:
@@ -80,7 +82,7 @@ class Watcher:
             return plan.at_step(frame, number)
         except Exception as exc:  # profiling never raises into training: drop the request
             self.plan = None
-            plan.entry["outcome"] = f"failed: {exc!r}"
+            plan.entry["outcome"] = f"failed: {exc!r}"[:300]
             self._warn_once(
                 f"failed-{plan.request.id}",
                 f"torchstep_prof: on-demand request {plan.request.id} dropped ({exc!r}); training goes on",
@@ -100,9 +102,12 @@ class Watcher:
         return number in plan.steps
 
     def start(self) -> None:
+        """Start the poll thread. The training thread only makes the folder: every file in it
+        is read and written on the poll thread (a FIFO or a huge file planted there must never
+        hold up training)."""
         os.makedirs(self.folder, exist_ok=True)
-        self._load_served()
-        self._write_status()
+        if not os.path.isdir(self.folder):
+            raise NotADirectoryError(f"{self.folder} is not a folder")
         self._thread.start()
 
     def stop(self) -> None:
@@ -118,11 +123,23 @@ class Watcher:
     # --- the poll thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._load_served()  # before any request is read: a request served already stays so
+            self._write_status()
+        except Exception as exc:
+            self._warn_failure(exc)
         while not self._stop.wait(self.config.poll_s):
             try:
                 self._poll()
             except Exception as exc:  # never let the poll thread die silently, nor raise
-                self._warn_once("poll", f"torchstep_prof: on-demand polling of {self.folder} failed ({exc!r})")
+                self._warn_failure(exc)
+
+    def _warn_failure(self, exc: Exception) -> None:
+        """One warning per kind of failure: a different one later is said too."""
+        self._warn_once(
+            f"poll-{type(exc).__name__}-{getattr(exc, 'errno', '')}",
+            f"torchstep_prof: on-demand polling of {self.folder} failed ({exc!r})",
+        )
 
     def _poll(self) -> None:
         step = self.step
@@ -135,8 +152,11 @@ class Watcher:
     def _read_request(self) -> None:
         path = os.path.join(self.folder, REQUEST_FILE)
         try:
-            st = os.stat(path)
+            st = os.lstat(path)  # the link itself, as read_request sees it (it follows none)
         except FileNotFoundError:
+            return
+        except OSError as exc:  # the folder gone or replaced: the status write says so too
+            self._warn_once(f"stat-{exc.errno}", f"torchstep_prof: on-demand request {path} cannot be read ({exc})")
             return
         signature = (st.st_ino, st.st_mtime_ns, st.st_size)
         if signature == self._request_seen:
@@ -152,8 +172,12 @@ class Watcher:
             )
             return
         except OSError as exc:
-            self._request_seen = None  # read again at the next poll
-            self._warn_once(f"read-{path}", f"torchstep_prof: on-demand request {path} cannot be read ({exc})")
+            if not isinstance(exc, SharedFileError):
+                self._request_seen = None  # maybe passing (a permission being fixed): read again
+            self._warn_once(
+                f"read-{type(exc).__name__}-{exc.errno}-{exc if isinstance(exc, SharedFileError) else ''}",
+                f"torchstep_prof: on-demand request {path} cannot be read ({exc}); it is ignored, training goes on",
+            )
             return
         if request.id in self._served_ids:
             return  # served already (maybe by this rank's earlier poll thread)
@@ -186,30 +210,53 @@ class Watcher:
             status = read_status(self._status_path()[0])
         except (OSError, ValueError):
             return
-        self._served = list(status.served)[-MAX_SERVED:]
-        self._served_ids = status.served_ids()
+        # Only well-formed entries are kept: this list is written back at every poll.
+        self._served = [entry for entry in status.served if _served_entry(entry)][-MAX_SERVED:]
+        self._served_ids = {entry["id"] for entry in self._served}
 
     def _write_status(self, running: bool = True) -> None:
-        # Every poll, so kept cheap (a dict, compact JSON, a fixed temporary name): the poll
-        # thread takes the GIL from the training thread while it runs.
+        # Every poll, so kept cheap (a dict, compact JSON): the poll thread takes the GIL from
+        # the training thread while it runs. A new file and a rename: a link someone planted at
+        # the status name (or at any temporary name) is replaced, never written through.
         path, role = self._status_path()
         status = {
             "rank": current_topology().rank, "role": role, "pid": self._pid, "host": self._host,
             "step": self.step, "time": time.time(), "rate": self._rate(), "poll_s": self.config.poll_s,
             "served": self._served, "running": running,
         }  # fmt: skip
-        temporary = path + ".tmp"  # not a status-rank*.json: readers never see it
         try:
-            with open(temporary, "w", encoding="utf-8") as handle:
-                handle.write(json.dumps(status))
-            os.replace(temporary, path)
+            replace_exclusively(path, json.dumps(status).encode("utf-8"))
         except OSError as exc:
-            self._warn_once(f"write-{path}", f"torchstep_prof: on-demand status {path} cannot be written ({exc})")
+            self._warn_once(  # once per kind: a different failure later is said too
+                f"write-{path}-{exc.errno}", f"torchstep_prof: on-demand status {path} cannot be written ({exc})"
+            )
 
     def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warn(message, TorchstepProfWarning, stacklevel=2)
+        """Warn once per ``key``; after :data:`_MAX_WARNINGS` different ones, say that later
+        ones are not shown (anyone who can write the folder can make a new bad request each poll)."""
+        if key in self._warned or len(self._warned) > _MAX_WARNINGS:
+            return
+        self._warned.add(key)
+        if len(self._warned) > _MAX_WARNINGS:
+            message = (
+                f"torchstep_prof: on-demand: {_MAX_WARNINGS} warnings about {self.folder}; later ones are not shown"
+            )
+        warn(message, TorchstepProfWarning, stacklevel=2)
+
+
+def _served_entry(entry: Any) -> bool:
+    """Whether a served-request line read back from a status file is one this module wrote."""
+    steps = entry.get("steps")
+    return (
+        isinstance(entry.get("id"), str)
+        and len(entry["id"]) <= MAX_ID_LENGTH
+        and isinstance(steps, list)
+        and len(steps) <= MAX_STEPS
+        and all(isinstance(n, int) for n in steps)
+        and isinstance(entry.get("outcome"), str)
+        and len(entry["outcome"]) <= 400
+        and len(entry) <= 4
+    )
 
 
 def watch(frame: Frame) -> None:

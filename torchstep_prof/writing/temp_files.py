@@ -1,40 +1,40 @@
-"""Hidden temporary files of trace writes: their names, and removing those of processes gone.
+"""Hidden work folders of trace writes: made private, removed after, and those of processes gone.
 
-A trace is written under ``.torchstep_prof-partial-<host>-<pid>-<n>.partial`` in ``save_path``
-(torch itself writes ``<that>.tmp`` first and renames it; gzip writes ``<that>.gz``), then given
-its final name. A write that fails removes its own; a process killed mid-write (SIGKILL, SIGTERM
-without a handler, a node losing power) cannot, so the next process on the same host that writes
-into the folder removes the temporaries of pids that no longer run. Other hosts' files are never
-touched (a shared file system: their pids mean nothing here), nor a live pid's.
+``save_path`` is often a shared, group-writable folder (docs/security.md), and torch writes by
+name (``<path>.tmp``, then a rename): a predictable name there is one another user could plant a
+link at. So each write happens in a folder of its own,
+``.torchstep_prof-partial-<host>-<pid>-<random>``, made by ``mkdtemp`` (mode 0700, a name nobody
+could have taken first) and reached through a descriptor held open (``/proc/self/fd/<n>``: still
+that folder if someone renames it); torch exports ``trace.json`` there, gzip writes
+``trace.json.gz`` beside it, and the finished file is hard-linked to its final name in
+``save_path`` (a link never replaces or follows what holds that name). A write that fails, or
+ends, removes its folder; a process killed mid-write (SIGKILL, SIGTERM without a handler, a node
+losing power) cannot, so the next process on the same host that writes into the folder removes
+the work folders of pids that no longer run (and the older ``...-<n>.partial`` files). Other
+hosts' leftovers are never touched (a shared file system: their pids mean nothing here), nor a
+live pid's, nor anything this user does not own.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
+import stat
 from typing import Iterator
 
-__all__ = [
-    "SNAPSHOT_TEMP_SUFFIX",
-    "TEMP_PREFIX",
-    "host_label",
-    "leftovers_of",
-    "remove",
-    "remove_dead_temporaries",
-    "temporary_path",
-]
+from .._shared_files import make_private_folder
+
+__all__ = ["TEMP_PREFIX", "WorkFolder", "host_label", "remove", "remove_dead_temporaries"]
 
 TEMP_PREFIX = ".torchstep_prof-partial-"
-TORCH_TEMP_SUFFIX = ".tmp"  # Kineto writes ``<path>.tmp``, then renames it to ``<path>``
-GZIP_SUFFIX = ".gz"
-SNAPSHOT_TEMP_SUFFIX = ".pickle"  # a CUDA memory snapshot on its way (memory_snapshot.py)
 _MAX_HOST = 40  # the final name may be near 255 bytes; the temporary must stay far under it
 
 _TEMPORARY = re.compile(
     r"^"
     + re.escape(TEMP_PREFIX)
-    + r"(?P<host>[0-9A-Za-z.=+-]+)-(?P<pid>\d+)-(?P<n>\d+)\.partial(\.tmp|\.gz|\.pickle)*$"
+    + r"(?P<host>[0-9A-Za-z.=+-]+)-(?P<pid>\d+)-(?:(?P<n>\d+)\.partial(\.tmp|\.gz)*|(?P<folder>[a-z0-9_]{8}))$"
 )
 
 
@@ -45,20 +45,44 @@ def host_label(hostname: str | None = None) -> str:
     return label or "host"
 
 
-def temporary_path(folder: str, host: str, pid: int, number: int) -> str:
-    """The hidden name write ``number`` of process ``pid`` on ``host`` uses in ``folder``."""
-    return os.path.join(folder, f"{TEMP_PREFIX}{host}-{pid}-{number}.partial")
+class WorkFolder:
+    """The private folder one trace write works in (see the module's docstring).
 
+    >>> work = WorkFolder("/shared/traces", host_label(), os.getpid())  # doctest: +SKIP
+    >>> torch_profile.export_chrome_trace(work.file("trace.json"))  # doctest: +SKIP
+    >>> work.remove()  # doctest: +SKIP
+    """
 
-def leftovers_of(raw_path: str) -> tuple[str, ...]:
-    """Every file a write under ``raw_path`` may have made, torch's own temporary included."""
-    return (
-        raw_path,
-        raw_path + TORCH_TEMP_SUFFIX,
-        raw_path + GZIP_SUFFIX,
-        raw_path + TORCH_TEMP_SUFFIX + GZIP_SUFFIX,
-        raw_path + SNAPSHOT_TEMP_SUFFIX,
-    )
+    def __init__(self, folder: str, host: str, pid: int) -> None:
+        self.path = make_private_folder(folder, f"{TEMP_PREFIX}{host}-{pid}-")
+        self._fd = -1
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            os.rmdir(self.path)
+            raise
+        by_descriptor = f"/proc/self/fd/{self._fd}"
+        self.root = by_descriptor if os.path.isdir(by_descriptor) else self.path
+
+    def file(self, name: str) -> str:
+        """The path of ``name`` inside the folder."""
+        return os.path.join(self.root, name)
+
+    def remove(self) -> None:
+        """Remove the folder and what the write left in it (best effort: never raises)."""
+        if self._fd < 0:
+            return
+        try:
+            for name in os.listdir(self.root):
+                remove(os.path.join(self.root, name))
+        except OSError:
+            pass
+        try:
+            os.rmdir(self.path)  # only ever an empty folder: never what someone put in its place
+        except OSError:
+            pass
+        os.close(self._fd)
+        self._fd = -1
 
 
 def remove(path: str) -> None:
@@ -94,14 +118,23 @@ def _temporaries(folder: str) -> Iterator[tuple[str, str, int]]:
 
 
 def remove_dead_temporaries(folder: str, host: str) -> list[str]:
-    """Remove the temporaries in ``folder`` left by processes of ``host`` that no longer run;
-    returns their paths. Files of other hosts and of running pids stay."""
+    """Remove the work folders (and older temporary files) in ``folder`` left by processes of
+    ``host`` that no longer run and owned by this user; returns their paths. Files of other
+    hosts, of running pids and of other users stay."""
     removed: list[str] = []
+    uid = os.getuid() if hasattr(os, "getuid") else None
     for path, their_host, pid in _temporaries(folder):
-        if their_host == host and not _pid_runs(pid):
-            try:
-                os.unlink(path)
-            except OSError:  # another process cleaning up at the same time got it first
+        if their_host != host or _pid_runs(pid):
+            continue
+        try:
+            info = os.lstat(path)
+            if uid is not None and info.st_uid != uid:
                 continue
-            removed.append(path)
+            if stat.S_ISDIR(info.st_mode):
+                shutil.rmtree(path)  # never follows a link inside (descriptor-based on Linux)
+            else:
+                os.unlink(path)  # a file, or a link itself: never what it points at
+        except OSError:  # another process cleaning up at the same time got it first
+            continue
+        removed.append(path)
     return removed

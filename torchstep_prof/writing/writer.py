@@ -10,11 +10,11 @@ ended. When more than :data:`MAX_PENDING` traces wait, the next trace end waits 
 so memory stays bounded. :meth:`TraceWriter.flush` waits for every trace ended so far; the scope
 exit, the finish hook, ``tsp.flush()`` and interpreter exit call it.
 
-Every write goes through a hidden temporary name holding the host and pid
-(:mod:`torchstep_prof.writing.temp_files`) and is checked (torch only logs when it cannot write) before
-it is linked to its final name, never replacing a file (``_part<i>`` on a clash). A failed write
-removes every temporary file it made, torch's own included, and is warned about once per kind
-and recorded. The writer is a plain thread and queue, not ``concurrent.futures``: an executor
+Every write happens in a private work folder of its own
+(:mod:`torchstep_prof.writing.temp_files`: ``save_path`` may be shared) and is checked (torch only
+logs when it cannot write) before it is linked to its final name, never replacing a file
+(``_part<i>`` on a clash). A write removes its work folder, torch's own temporary included, and a
+failed one is warned about once per kind and recorded. The writer is a plain thread and queue, not ``concurrent.futures``: an executor
 refuses work once interpreter shutdown began, and a training thread that outlives the main
 script still ends traces then.
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import gzip
-import itertools
 import json
 import os
 import shutil
@@ -35,7 +34,7 @@ import attrs
 
 from .. import background
 from .memory_snapshot import write_snapshot
-from .temp_files import SNAPSHOT_TEMP_SUFFIX, host_label, leftovers_of, remove, remove_dead_temporaries, temporary_path
+from .temp_files import WorkFolder, host_label, remove, remove_dead_temporaries
 from .trace_tail import TraceTailError, finish_tail, set_trace_name
 from ..errors import TraceWriteWarning, warn
 from ..traces.names import TraceName, build_trace_name, with_part
@@ -59,7 +58,7 @@ class _ExportFailed(Exception):
 class _Job:
     """One stopped session waiting for the writer."""
 
-    __slots__ = ("session", "record", "name", "on_written", "number")
+    __slots__ = ("session", "record", "name", "on_written")
 
     def __init__(
         self,
@@ -67,13 +66,11 @@ class _Job:
         record: TraceRecord,
         name: TraceName,
         on_written: Callable[[TraceRecord], None],
-        number: int,
     ) -> None:
         self.session = session
         self.record = record
         self.name = name
         self.on_written = on_written
-        self.number = number
 
 
 class TraceWriter:
@@ -90,7 +87,6 @@ class TraceWriter:
         self._claimed: set[str] = set()
         self._cleaned: set[str] = set()  # folders already rid of dead processes' temporaries
         self._reported: set[tuple[str, str]] = set()
-        self._writes = itertools.count(1)
         self._cuda_target = 0  # the queue count up to the last job holding CUDA activity
         self._host = host_label()
         self._unregister = background.add(background.WRITES, self.flush)
@@ -103,7 +99,7 @@ class TraceWriter:
         recorded. Waits (back-pressure) while more than :data:`MAX_PENDING` traces are queued;
         a KeyboardInterrupt there leaves the trace queued, to be written."""
         name = self._name_for(session)
-        job = _Job(session, self._record_for(session, name), name, on_written, next(self._writes))
+        job = _Job(session, self._record_for(session, name), name, on_written)
         with self._lock:
             self._queue.append(job)
             self._queued += 1
@@ -242,9 +238,11 @@ class TraceWriter:
         t0 = time.perf_counter()
         session, record, name = job.session, job.record, job.name
         folder = session.config.save_path
-        raw_path = temporary_path(folder, self._host, os.getpid(), job.number)
+        work: Optional[WorkFolder] = None
         try:
             self._prepare_folder(folder)
+            work = WorkFolder(folder, self._host, os.getpid())
+            raw_path = work.file("trace.json")
             self._export(session, raw_path)
             final_name = build_trace_name(name)
             target = self._free_target(folder, final_name)
@@ -255,19 +253,23 @@ class TraceWriter:
             gpu_ms = _gpu_ms(session, raw_path)
             export_s = time.perf_counter() - t0
             path, size = self._claim(raw_path, folder, final_name, target, size, compress=name.gzip)
+            snapshot = self._snapshot(session, work.file("snapshot.pickle"), path)
         except (_ExportFailed, OSError) as exc:
-            self._fail(record, _message(exc), t0, raw_path)
+            self._fail(record, _message(exc), t0, folder)
             return
-        record = attrs.evolve(record, gpu_ms=gpu_ms, memory_snapshot=self._snapshot(session, raw_path, path))
+        finally:
+            if work is not None:
+                work.remove()
+        record = attrs.evolve(record, gpu_ms=gpu_ms, memory_snapshot=snapshot)
         self._finish(record, path, size, export_s, job.on_written)
 
-    def _snapshot(self, session: TraceSession, raw_path: str, path: str) -> Optional[str]:
+    def _snapshot(self, session: TraceSession, temporary: str, path: str) -> Optional[str]:
         """Write the session's CUDA memory snapshot next to its trace at ``path`` (if it has
         one); a snapshot that cannot be kept is one warning per kind, the trace stays."""
         snapshot, session.memory_snapshot = session.memory_snapshot, None
         if snapshot is None:
             return None
-        written, problem = write_snapshot(snapshot, raw_path + SNAPSHOT_TEMP_SUFFIX, path)
+        written, problem = write_snapshot(snapshot, temporary, path)
         if problem is not None:
             key = ("memory snapshot", "")  # one warning a process: each trace has its own
             with self._lock:
@@ -301,9 +303,7 @@ class TraceWriter:
         # torch does not raise when it cannot write (a full disk, a file size limit): it only
         # logs, and may leave its own ``.tmp`` file (removed with the other leftovers).
         if not os.path.exists(raw_path):
-            raise _ExportFailed(
-                f"torch wrote no complete trace to {raw_path!r} (is the folder writable, the disk full?)"
-            )
+            raise _ExportFailed("torch wrote no complete trace (is the folder writable, the disk full?)")
 
     def _free_target(self, folder: str, final_name: str, start: int = 0) -> str:
         """The first name of ``final_name``, ``_part1``... that no file and no write of this
@@ -331,10 +331,7 @@ class TraceWriter:
                     shutil.copyfileobj(plain, packed, 1 << 20)
                 size = os.path.getsize(source)
             if _link(source, target):
-                remove(source)
-                if compress:
-                    remove(raw_path)
-                return target, size
+                return target, size  # the work folder, removed after, holds the other names
             # Another process took the name between the check and the link (rare): the next.
             target = self._free_target(folder, final_name, 1)
             if compress:
@@ -386,16 +383,13 @@ class TraceWriter:
         except Exception as exc:  # the file is written and recorded: report, do not fail it
             warn(f"torchstep_prof: after writing {path}: {exc!r}", TraceWriteWarning, stacklevel=2)
 
-    def _fail(self, record: TraceRecord, error: str, t0: float, raw_path: Optional[str] = None) -> None:
-        if raw_path is not None:
-            for path in leftovers_of(raw_path):
-                remove(path)
+    def _fail(self, record: TraceRecord, error: str, t0: float, folder: Optional[str] = None) -> None:
         export_s = time.perf_counter() - t0 if t0 else 0.0
         final = attrs.evolve(record, error=error, export_s=export_s)
         STORE.add_costs(export_s=export_s)
         STORE.add_trace(final)
         # The kind of failure, without the (per-file) path quoted in it: one warning per kind.
-        key = (os.path.dirname(raw_path or ""), error.split("'")[0])
+        key = (folder or "", error.split("'")[0])
         with self._lock:
             first = key not in self._reported
             self._reported.add(key)
@@ -441,6 +435,7 @@ def _link(source: str, target: str) -> bool:
 
 def _message(exc: BaseException) -> str:
     if isinstance(exc, OSError):
-        where = f" ({exc.filename})" if exc.filename else ""
+        # A file of the write's work folder is reached through /proc/self/fd: not a name to show.
+        where = f" ({exc.filename})" if exc.filename and not str(exc.filename).startswith("/proc/") else ""
         return f"cannot write the trace: {exc.strerror or exc}{where}"
     return str(exc)

@@ -1,0 +1,121 @@
+"""Files in folders other users may write: created exclusively, read without blocking, size-capped.
+
+The on-demand folder and ``save_path`` are often group-writable shared folders (docs/security.md).
+Anyone who can write there can plant a link or a FIFO at a name the toolkit uses, so:
+
+- a file is never opened for writing at a name someone else could have created first: it is
+  created under a fresh random name with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (a link or file already
+  there makes the open fail, never followed), then put in place with a rename, which replaces a
+  link at the final name instead of writing through it;
+- a file is read with ``O_NONBLOCK | O_NOFOLLOW`` (a FIFO cannot block the open, a link is refused),
+  checked to be a regular file, and read up to a cap (a link to ``/dev/zero`` or a huge file
+  costs at most the cap);
+- a private folder (``mkdtemp``: mode 0700, created exclusively) holds work that other tools
+  write by name, such as torch's export.
+
+No torch here: the command line uses it too.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+import tempfile
+
+__all__ = ["SharedFileError", "make_private_folder", "read_capped", "replace_exclusively"]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_BINARY = getattr(os, "O_BINARY", 0)
+
+
+class SharedFileError(OSError):
+    """A file in a shared folder that is not what it should be (a FIFO, a device, a link, too
+    big); the message names the file and what was found."""
+
+
+def read_capped(path: str, limit: int) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``limit`` of them.
+
+    Never blocks (a FIFO is refused, not waited on), never follows a link at ``path`` and never
+    reads more than ``limit + 1`` bytes. Raises :class:`SharedFileError` for a file that is not a
+    regular file or is bigger than ``limit``, ``OSError`` when it cannot be opened.
+
+    >>> read_capped("/dev/zero", 100)
+    Traceback (most recent call last):
+    ...
+    torchstep_prof._shared_files.SharedFileError: /dev/zero: not a regular file (a character device)
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK | _NOFOLLOW | _BINARY)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+            raise SharedFileError(f"{path}: a symbolic link (refused: not written by the toolkit)") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SharedFileError(f"{path}: not a regular file ({_kind(info.st_mode)})")
+        if info.st_size > limit:
+            raise SharedFileError(f"{path}: bigger than {limit} bytes (refused)")
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise SharedFileError(f"{path}: bigger than {limit} bytes (refused)")
+    return data
+
+
+def replace_exclusively(path: str, data: bytes) -> None:
+    """Put ``data`` at ``path`` atomically: written to a new file of a random name in the same
+    folder (created with ``O_EXCL | O_NOFOLLOW``, mode 0666 less the umask), then renamed over
+    ``path``. A link or FIFO someone planted at ``path`` is replaced, never written through.
+
+    >>> replace_exclusively("/shared/od/status-rank0.json", b"{}")  # doctest: +SKIP
+    """
+    folder, name = os.path.split(path)
+    temporary = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def make_private_folder(folder: str, prefix: str) -> str:
+    """A new folder inside ``folder`` that only this user can enter (``mkdtemp``: mode 0700,
+    a name nobody could have taken first); returns its path.
+
+    >>> make_private_folder("/shared/traces", ".torchstep_prof-partial-")  # doctest: +SKIP
+    '/shared/traces/.torchstep_prof-partial-k2x9a_1q'
+    """
+    return tempfile.mkdtemp(prefix=prefix, dir=folder)
+
+
+def _kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
