@@ -25,6 +25,7 @@ from ..config.model import ProfilerConfig
 from ..errors import TorchstepProfWarning, warn
 from ..traces.names import fit_label, range_label, sanitize_label
 from ..selection.rules import StepAction
+from ..selection.step_meaning import step_meaning
 from ..topology import Topology, distributed_initialized
 
 if TYPE_CHECKING:
@@ -339,6 +340,7 @@ class TraceSession:
             "world_size": world,
             "pid": os.getpid(),
             "discrete": not self.fused,
+            **step_meaning(self.step),
         }
         # Labels are sanitized (ASCII, no quotes or backslashes): torch writes this unescaped.
         prof.add_metadata_json(METADATA_KEY, json.dumps(metadata))
