@@ -8,9 +8,10 @@ Everything the toolkit prints that came from outside goes through :func:`safe_te
 
 from __future__ import annotations
 
+import math
 import re
 
-__all__ = ["safe_text"]
+__all__ = ["format_ms", "safe_text"]
 
 # C0 and C1 controls and DEL; tabs too (they break column alignment) and the Unicode line and
 # paragraph separators (some terminals and log viewers start a new line at them).
@@ -38,3 +39,18 @@ def safe_text(text: object) -> str:
     """
     string = text if isinstance(text, str) else str(text)
     return _UNSAFE.sub(_escaped, string) if _UNSAFE.search(string) else string
+
+
+def format_ms(value: float) -> str:
+    """A duration in ms for a table cell: one decimal, or a short exponent form for absurd
+    values (a corrupt trace must not widen a column by hundreds of characters). Rounded to the
+    µs first, so one duration reached by two sums of floats prints the same everywhere.
+
+    >>> format_ms(170.44), format_ms(3.2e14), format_ms(float("nan"))
+    ('170.4', '3.2e+14', '?')
+    >>> format_ms(44050.0 / 1e6 * 1000) == format_ms(44050.0 / 1000)
+    True
+    """
+    if not math.isfinite(value):
+        return "?"
+    return f"{round(value, 3):.1f}" if abs(value) < 1e7 else f"{value:.1e}"

@@ -105,6 +105,7 @@ class TraceSession:
         self.fused = role is None  # a step block owns it; regions inside add their roles
         self.owner_role = role
         self.owner_stage = stage
+        self.owner_range: Optional[str] = None  # the owning region's range name, once started
         self.step = step
         self.action = action
         self.topology = topology
@@ -124,6 +125,8 @@ class TraceSession:
         self.owner_task = running_task()
         self.started_at = _dt.datetime.now(_dt.timezone.utc)
         self._t0 = 0.0
+        # Until the writer reads the file's ProfilerStep range (the one wall time: see
+        # writing/range_marks.py), the block's time as this session measured it.
         self.wall_s = 0.0
         self.start_s = 0.0
         self.stop_s = 0.0
@@ -237,8 +240,8 @@ class TraceSession:
             # The row torch's own schedule writes per step: HTA and others find iterations by it.
             self._ranges.enter_context(record_function(f"ProfilerStep#{self.step}"))
             if not self.fused:
-                name = range_label(f"{self.owner_role}/{self.owner_stage}")
-                self._ranges.enter_context(new_range(name))
+                self.owner_range = range_label(f"{self.owner_role}/{self.owner_stage}")
+                self._ranges.enter_context(new_range(self.owner_range))
         except BaseException:
             self._ranges.close()
             prof.stop()

@@ -165,7 +165,7 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
     from rich.console import Group
     from rich.text import Text
 
-    from ..rendering import safe_text
+    from ..rendering import format_ms, safe_text
 
     pid = os.getpid()
     rank_label = ""
@@ -189,7 +189,7 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         ("step", "right", [str(t.step) for t in shown]),
         *([("occ", "right", [str(t.occurrence) for t in shown])] if show_occ else []),
         ("rank", "right", [str(t.rank) for t in shown]),
-        ("wall ms", "right", [f"{t.wall_s * 1000:.1f}" for t in shown]),
+        ("wall ms", "right", [format_ms(t.wall_s * 1000) for t in shown]),
         ("size", "right", [_size(t.size_bytes) if t.ok else "-" for t in shown]),
         ("file", "left", [safe_text(cell) for cell in files]),
     ]
