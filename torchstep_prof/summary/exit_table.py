@@ -309,11 +309,13 @@ def import_exit_modules() -> None:
     import rich.box  # noqa: F401
     import rich.console  # noqa: F401
     import rich.live  # noqa: F401
+    import rich.measure  # noqa: F401
     import rich.status  # noqa: F401
     import rich.table  # noqa: F401
     import rich.text  # noqa: F401
 
     from . import label_wrap, plain_console  # noqa: F401
+    from .. import rendering  # noqa: F401
     from ..hook import command, finishing, node_sync, relocate  # noqa: F401
 
 
