@@ -345,3 +345,24 @@ def test_labels_with_control_characters_print_escaped():
     text = buffer.getvalue()
     assert "\x1b" not in text and "forged line" not in text.split("\n")
     assert "boom\\x1b[2J\\nforged line" in text
+
+
+def test_a_failing_hook_is_one_warning_line_and_one_summary_line(tmp_path):
+    """A hook whose command holds a newline fails: one warning line, one line in the summary,
+    each whole (the newline shown as \\n), and the summary does not say the failure twice."""
+    code = """
+        import torchstep_prof as tsp
+        cmd = "echo 'oops' >&2; echo 'second\\nline' >/dev/null; exit 3"
+        with tsp.configure(save_path="profile"), tsp.on_finish(cmd), tsp.schedule(steps=[1]), tsp.step(1):
+            with tsp.profile_region("actor", "update"):
+                pass
+    """
+    result = run_script(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "exit code 3" in line]
+    assert len(said) == 2, result.stdout + result.stderr
+    (warning,) = [line for line in said if "FinishHookWarning" in line]
+    assert "echo 'second\\nline' >/dev/null; exit 3" in warning
+    (summary,) = [line for line in said if line.startswith("hook on rank 0")]
+    assert summary.startswith("hook on rank 0: failed, exit code 3, ") and summary.endswith("; last stderr line: 'oops'")
+    assert not [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("line' >/dev/null")]

@@ -13,7 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any, List, Tuple
 
 from ..traces.names import TraceName, format_timestamp, parse_trace_name
-from .records import ProfilingRecords, TraceRecord, records
+from .records import HookRecord, ProfilingRecords, TraceRecord, records
 
 if TYPE_CHECKING:  # rich costs ~70 ms to import: only when a summary is printed
     from rich.console import Console, Group
@@ -225,7 +225,7 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
             lines.append(f"NOT WRITTEN: {trace.role}/{trace.stage} step {trace.step}: {trace.error}")
     for hook in data.hooks:
         code = "-" if hook.exit_code is None else str(hook.exit_code)
-        extra = f"; {hook.message}" if hook.message and not hook.ok else ""
+        extra = _hook_detail(hook)
         missing = f"; no word from local ranks {list(hook.missing_ranks)}" if hook.missing_ranks else ""
         lines.append(
             f"hook on rank {hook.rank}: {hook.outcome}, exit code {code}, {hook.duration_s:.2f} s{missing}{extra}"
@@ -249,6 +249,20 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         parts.extend(listed)
     parts.extend(Text(safe_text(line)) for line in lines)
     return Group(*parts)
+
+
+def _hook_detail(hook: HookRecord) -> str:
+    """What a failed hook's message adds to its outcome and exit code, already on the line:
+    ``; last stderr line: 'x'``, not ``; failed with exit code 3 (last stderr line: 'x')``."""
+    if hook.ok or not hook.message:
+        return ""
+    detail = hook.message
+    said = f"failed with exit code {hook.exit_code}"
+    if detail.startswith(said):
+        detail = detail[len(said) :].strip()
+        if detail.startswith("(") and detail.endswith(")") and detail.count("(") == 1:
+            detail = detail[1:-1]
+    return f"; {detail}" if detail else ""
 
 
 def _more_line(total: int, shown: int, folder: str | None) -> str:
