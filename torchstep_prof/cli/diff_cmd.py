@@ -81,7 +81,13 @@ def _print_tables(result, top: int) -> None:
     _columns(
         ["region", "base ms", "test ms", "delta ms", "traces"],
         [
-            [safe_text(r.region), opt(r.base_ms), opt(r.test_ms), f"{r.delta_ms:+.1f}", f"{r.base_traces}/{r.test_traces}"]
+            [
+                safe_text(r.region),
+                opt(r.base_ms),
+                opt(r.test_ms),
+                f"{r.delta_ms:+.1f}",
+                f"{r.base_traces}/{r.test_traces}",
+            ]
             for r in result.regions
         ],  # fmt: skip
     )

@@ -52,5 +52,3 @@ def warn_if_ray_actor_without_rank(group: Any, environ: Mapping[str, str]) -> No
         "or os.environ in its __init__), as verl's workers do.",
         TorchstepProfWarning,
     )
-
-

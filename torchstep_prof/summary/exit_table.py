@@ -198,15 +198,15 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
     # and stage folded after a "-" (never a number cut: step, rank, wall time and size keep
     # their width whatever the labels).
     layouts = [(columns, True), (columns, False), (columns[:-1], True), (columns[:-1], False)]
-    table = _table(*layouts[-1])
+    table: Table | None = None
     for chosen, padded in layouts:
         candidate = _table(chosen, padded)
         if width is None or _natural_width(candidate) <= width:
             table = candidate
             break
-    else:
-        chosen = columns[:-1]
-        table = _table(_fold_labels(chosen, _natural_width(table), width), False)
+    if table is None:  # not even the narrowest fits whole: fold its labels to what is left
+        narrowest = _table(chosen, padded)
+        table = _table(_fold_labels(chosen, _natural_width(narrowest), width or 0), False)
     files_below = len(chosen) < len(columns)
     lines: list[str] = []
     listed: list[Text] = []
