@@ -119,3 +119,26 @@ def test_traces_written_before_keep_their_cpu_op_regions_readable(tmp_path):
                       diffed.stdout.replace(side, "<side>"))  # fmt: skip
     assert read["new"] == read["old"]
     assert "actor/update" in read["new"][1] and "critic/update" in read["new"][1]
+
+
+def test_a_layout_without_room_to_patch_is_rewritten_whole_and_one_it_cannot_parse_is_left(tmp_path):
+    """torch 2.13 puts whitespace between an event's keys; a compact layout (another torch) has
+    no room for the longer category, so the file is parsed and rewritten; a file that does not
+    parse is left for the tail's checks to report."""
+    from torchstep_prof.writing.range_marks import mark_region_ranges
+
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "ts": 0, "dur": 2500.0, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "actor/update", "ts": 1, "dur": 10, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 2, "dur": 5, "pid": 1, "tid": 1},
+    ]
+    compact = tmp_path / "compact.json"
+    compact.write_text(json.dumps({"traceEvents": events, "traceName": "x"}, separators=(",", ":")))
+    assert mark_region_ranges(str(compact), {"actor/update"}, 4) == 0.0025
+    categories = {e["name"]: e["cat"] for e in json.loads(compact.read_text())["traceEvents"]}
+    assert categories == {"ProfilerStep#4": "user_annotation", "actor/update": "user_annotation", "aten::mm": "cpu_op"}
+    broken = tmp_path / "broken.json"
+    text = json.dumps({"traceEvents": events}, separators=(",", ":"))[:-3]
+    broken.write_text(text)
+    assert mark_region_ranges(str(broken), {"actor/update"}, 4) is None
+    assert broken.read_text() == text

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import mmap
 import re
-from typing import Collection, Optional
+from typing import IO, Collection, Optional
 
 __all__ = ["USER_CATEGORY", "mark_region_ranges"]
 
@@ -43,7 +43,8 @@ def mark_region_ranges(path: str, names: Collection[str], step: int) -> Optional
             seconds = _step_seconds(body, step)
             if names and not _patch_in_place(body, names):
                 body.close()
-                return _rewrite_whole(f, names, step)
+                whole = _rewrite_whole(f, names, step)
+                return whole if whole is not None else seconds
             body.flush()
     return seconds
 
@@ -87,12 +88,12 @@ def _step_seconds(body: mmap.mmap, step: int) -> Optional[float]:
         return None
 
 
-def _rewrite_whole(f: object, names: Collection[str], step: int) -> Optional[float]:
+def _rewrite_whole(f: IO[bytes], names: Collection[str], step: int) -> Optional[float]:
     """The file parsed, its region ranges re-filed and written back whole (a layout with no room
     to patch in place); the file is left as it was when it does not parse."""
-    f.seek(0)  # type: ignore[attr-defined]
+    f.seek(0)
     try:
-        trace = json.load(f)  # type: ignore[arg-type]
+        trace = json.load(f)
     except ValueError:  # torch wrote something unescaped: the tail's checks report it
         return None
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
@@ -107,7 +108,7 @@ def _rewrite_whole(f: object, names: Collection[str], step: int) -> Optional[flo
             event["cat"] = USER_CATEGORY
         if event.get("name") == f"ProfilerStep#{step}" and isinstance(event.get("dur"), (int, float)):
             seconds = event["dur"] / 1e6
-    f.seek(0)  # type: ignore[attr-defined]
-    f.write(json.dumps(trace).encode("ascii"))  # type: ignore[attr-defined]
-    f.truncate()  # type: ignore[attr-defined]
+    f.seek(0)
+    f.write(json.dumps(trace).encode("ascii"))
+    f.truncate()
     return seconds
