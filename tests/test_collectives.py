@@ -5,7 +5,7 @@ collectives some rank lacks; the kinds' order; memory per device."""
 from __future__ import annotations
 
 from torchstep_prof.traces.collective_calls import CollectiveCall, read_collectives
-from torchstep_prof.traces.collectives import find_waits
+from torchstep_prof.traces.collectives import describe_waits, find_waits
 from torchstep_prof.traces.events import OpTime
 from torchstep_prof.traces.memory_events import read_memory
 from torchstep_prof.traces.summarize import GroupSummary, RankTime, Summary
@@ -39,6 +39,16 @@ def test_three_ranks_the_late_one_named_with_its_extra_operators() -> None:
     # aten::mm: 40 ms over the others' mean; aten::add (+5.1 ms) is under 10% of their mean wait
     # (69.5 ms): noise, left out.
     assert [(d.name, round(d.delta_ms, 3)) for d in w.ops] == [("aten::mm", 40.0)]
+
+
+def test_the_words_name_the_late_rank_and_count_one_collective_in_the_singular() -> None:
+    ar = ("gloo", "gloo:all_reduce")
+    (w,) = find_waits(_group({0: [(*ar, 40.0)], 1: [(*ar, 0.5)]}, {0: {"aten::mm": 5.0}, 1: {"aten::mm": 45.0}}))
+    text = describe_waits(w)
+    assert "rank 1 arrived last at 1 of 1 gloo collective (100%)" in text
+    assert "its " not in text and "rank 1's extra time: aten::mm (+40 ms)" in text
+    (quiet,) = find_waits(_group({0: [(*ar, 40.0)], 1: [(*ar, 0.5)]}))
+    assert describe_waits(quiet).endswith("no operator accounts for rank 1's lateness (Python, sleeping, I/O, data loading)")
 
 
 def test_ties_name_nobody_and_a_barrier_does_not_outvote_a_late_all_reduce() -> None:

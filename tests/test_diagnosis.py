@@ -90,7 +90,7 @@ def test_the_table_says_who_arrived_last(late_rank: Path) -> None:
     assert "Collective waits" in text
     assert "trainer/forward step 2: rank 1 arrived last at" in text
     assert "rank 0 waited" in text
-    assert "no operator accounts for it" in text  # a sleep is no operator
+    assert "no operator accounts for rank 1's lateness" in text  # a sleep is no operator
 
 
 def test_a_collective_one_rank_lacks_is_counted_and_named(late_rank: Path, tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ def test_the_late_rank_s_extra_operators_are_named(tmp_path: Path) -> None:
         top = w["late_ops"][0]
         assert top["delta_ms"] == pytest.approx(top["self_ms"] - top["others_self_ms"], abs=2e-3)
     done = cli("summarize", folder, "--no-cache")
-    assert "its extra time: aten::mm (+" in " ".join(done.stdout.split())
+    assert "rank 1's extra time: aten::mm (+" in " ".join(done.stdout.split())
 
 
 def test_fused_traces_match_collectives_per_step(tmp_path: Path) -> None:

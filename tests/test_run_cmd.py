@@ -82,6 +82,50 @@ def test_the_script_sees_what_python_gives_it_and_its_step_is_traced(tmp_path):
     assert "1 trace(s) written" in done.stdout
 
 
+LOOP_FROM_0 = """
+import os
+import torch
+import torchstep_prof as tsp
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scope = tsp.configure(discrete=False, schedule={"steps": [2]}) if os.environ.get("INSTRUMENTED") else tsp.configure()
+with scope:
+    for iter_num in range(5):  # nanoGPT's loop: iterations count from 0
+        if os.environ.get("INSTRUMENTED"):
+            tsp.begin_step(iter_num)
+        with torch.profiler.record_function(f"iteration{iter_num}"):
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+def test_step_numbers_say_which_iteration_they_were_under_run_and_in_code(tmp_path):
+    """The same loop counting from 0: `run --steps 2` traces iteration 1 (the second
+    Optimizer.step call), `schedule(steps=[2])` with `begin_step(iter_num)` (fused) iteration 2. Both
+    files say step2; their metadata and the exit summary say which iteration that was."""
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP_FROM_0)
+    under_run = tsp_run(["--steps", "2", "--save-path", "run"], [], tmp_path, script=script)
+    assert under_run.returncode == 0, under_run.stderr
+    in_code = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                             env=worker_env({"INSTRUMENTED": "1", "COLUMNS": "200"}), timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    assert in_code.returncode == 0, in_code.stderr
+    (run_trace,) = traces(tmp_path / "run")
+    (code_trace,) = traces(tmp_path / "outputs" / "profile")
+    assert "_step2_" in run_trace.name and "_step2_" in code_trace.name
+    assert [n for n in names(run_trace) if n.startswith("iteration")] == ["iteration1"]
+    assert [n for n in names(code_trace) if n.startswith("iteration")] == ["iteration2"]
+    run_meta = json.loads(run_trace.read_text())["torchstep_prof"]
+    code_meta = json.loads(code_trace.read_text())["torchstep_prof"]
+    assert run_meta["step_counted_by"] == "run" and run_meta["iterations"] == [1, 1]
+    said = "step 2 = Optimizer.step call 2 of the run: iteration 1 of a loop counting from 0 (begin_step(1) in code)"
+    assert run_meta["step_means"] == said
+    assert said in under_run.stdout
+    assert code_meta["step_counted_by"] == "code" and "iterations" not in code_meta
+    assert "begin_step(2)" in code_meta["step_means"]
+
+
 def test_exit_codes_and_tracebacks_are_the_scripts(tmp_path):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         message = pool.submit(tsp_run, ["--steps", "1000"], ["--steps", "1", "--exit-message", "bye now"], tmp_path)
@@ -208,6 +252,10 @@ def test_config_file_then_command_line_then_environment(tmp_path):
         (["--steps", "1", "--discrete"], "--region"),
         ([], "no step is selected"),
         (["--steps", "1", "--bogus"], "unrecognized arguments: --bogus"),
+        (["--stpes", "3"], "torchstep-prof run: error: unrecognized arguments: --stpes (did you mean --steps?)"),
+        (["--steps", "3-2"], "--steps: the range '3-2' is reversed (write 2-3"),
+        (["--steps", "0,2"], "step 0 never runs under run"),
+        (["--set", "schedule.steps=[0]"], "step 0 never runs under run"),
     ],
 )
 def test_bad_options_are_usage_errors_before_the_script_runs(tmp_path, options, says):

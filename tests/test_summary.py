@@ -279,3 +279,90 @@ def test_step_rank_wall_time_and_size_survive_long_roles_at_80_columns(role):
     cells = [line[: table[0].index("stage")].rstrip() for line in table[2:]]
     assert all(cell.endswith(("-", "…")) or role.endswith(cell) for cell in cells if cell), text
     assert [line.strip() for line in lines if line.startswith("  ")] == [os.path.basename(t.path) for t in traces]
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_headers_stay_whole_over_short_labels(tmp_path, columns):
+    """Role ``gpt``, stage ``fw``: narrower than their headers, which must still read whole."""
+    code = """
+        import torch
+        import torchstep_prof as tsp
+        with tsp.schedule(steps=[1]), tsp.configure(save_path="profile"), tsp.step(1):
+            with tsp.profile_region("gpt", "fw"):
+                torch.ones(2).sum()
+    """
+    result = _run_script(code, tmp_path, timeout=120, columns=columns)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("ro"))
+    assert header.split()[:4] == ["role", "stage", "step", "rank"], result.stdout
+    assert "…" not in header
+    assert [line.split()[:3] for line in lines if line.startswith("gpt ")] == [["gpt", "fw", "1"]]
+    assert max(map(len, lines)) <= columns
+
+
+def test_a_long_run_shows_its_longest_traces_and_names_the_command_for_the_rest(tmp_path):
+    """30 traces in one step: the table holds the 20 longest, longest first, and says how many
+    more there are and which command lists them; `ls` then lists every one."""
+    code = """
+        import time
+        import torchstep_prof as tsp
+        with tsp.schedule(steps=[1]), tsp.configure(save_path="profile"), tsp.step(1):
+            for i in range(30):
+                with tsp.profile_region("loop", f"region{i:02d}"):
+                    time.sleep(0.001 * (i % 7))
+    """
+    result = _run_script(code, tmp_path, timeout=120, columns=80)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    rows = [line.split() for line in lines if line.startswith("loop ")]
+    assert len(rows) == 20, result.stdout
+    walls = [float(row[4]) for row in rows]
+    assert walls == sorted(walls, reverse=True)
+    every = {}
+    for name in os.listdir(tmp_path / "profile"):
+        meta = json.loads((tmp_path / "profile" / name).read_text())["torchstep_prof"]
+        every[meta["stage"]] = meta
+    assert len(every) == 30
+    assert "10 more not shown (the table holds the 20 longest): torchstep-prof ls profile" in lines
+    listing = subprocess.run(
+        [sys.executable, "-m", "torchstep_prof", "ls", "profile"], cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120,
+    )  # fmt: skip
+    assert listing.returncode == 0, listing.stderr
+    assert sum(line.startswith("loop ") or " loop " in line for line in listing.stdout.splitlines()) == 30
+
+
+def test_labels_with_control_characters_print_escaped():
+    traces = (
+        tsp.TraceRecord(
+            role="evil", stage="x", step=1, rank=0, world_size=1, discrete=True, path=None,
+            error="boom\x1b[2J\nforged line",
+        ),
+    )  # fmt: skip
+    buffer = io.StringIO()
+    tsp.print_summary(tsp.ProfilingRecords(traces=traces), Console(file=buffer, width=120))
+    text = buffer.getvalue()
+    assert "\x1b" not in text and "forged line" not in text.split("\n")
+    assert "boom\\x1b[2J\\nforged line" in text
+
+
+def test_a_failing_hook_is_one_warning_line_and_one_summary_line(tmp_path):
+    """A hook whose command holds a newline fails: one warning line, one line in the summary,
+    each whole (the newline shown as \\n), and the summary does not say the failure twice."""
+    code = """
+        import torchstep_prof as tsp
+        cmd = "echo 'oops' >&2; echo 'second\\nline' >/dev/null; exit 3"
+        with tsp.configure(save_path="profile"), tsp.on_finish(cmd), tsp.schedule(steps=[1]), tsp.step(1):
+            with tsp.profile_region("actor", "update"):
+                pass
+    """
+    result = run_script(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "exit code 3" in line]
+    assert len(said) == 2, result.stdout + result.stderr
+    (warning,) = [line for line in said if "FinishHookWarning" in line]
+    assert "echo 'second\\nline' >/dev/null; exit 3" in warning
+    (summary,) = [line for line in said if line.startswith("hook on rank 0")]
+    assert summary.startswith("hook on rank 0: failed, exit code 3, ") and summary.endswith("; last stderr line: 'oops'")
+    assert not [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("line' >/dev/null")]

@@ -210,6 +210,9 @@ def test_distributed_info_and_metadata_carry_the_rank_without_a_process_group(sa
         "world_size": 4,
         "pid": os.getpid(),
         "discrete": True,
+        "step_counted_by": "code",
+        "step_means": "step 2 = the number the code gave (tsp.step(2), begin_step(2) or step=), "
+        "or a region's entries counted from 1 when it gave none",
     }
 
 
@@ -227,6 +230,9 @@ def test_fused_metadata(save_dir):
         "world_size": 1,
         "pid": os.getpid(),
         "discrete": False,
+        "step_counted_by": "code",
+        "step_means": "step 1 = the number the code gave (tsp.step(1), begin_step(1) or step=), "
+        "or a region's entries counted from 1 when it gave none",
     }
 
 

@@ -63,3 +63,54 @@ def test_the_users_exception_propagates_as_itself(unwritable):
     assert last_line == "ValueError: the user's own error", proc.stderr[-3000:]
     assert "TraceWriteWarning" in proc.stderr
     assert "Traceback" in proc.stderr and "Warning:" not in proc.stderr.split("Traceback")[1].splitlines()[-1]
+
+
+def test_warnings_point_at_the_users_line(tmp_path):
+    """A warning names the user's line that led to it (the region, the optimizer step under
+    `run`), never the package's (`frames.py:252 ... _ROOT.resolve()`), and escapes what it
+    quotes."""
+    import os
+
+    from script_helpers import REPO
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "import torchstep_prof as tsp\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "with tsp.profile_region('actor', 'update'):\n"
+        "    model(torch.ones(1, 2)).sum().backward()\n"
+        "opt.step()  # line 7\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "abc\x1b[2J", "TORCHSTEP_PROF_OVERRIDES": "schedule.steps=[1]"}
+    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=240)  # fmt: skip
+    assert plain.returncode == 0, plain.stderr
+    warning = next(line for line in plain.stderr.splitlines() if "Warning:" in line)
+    # The environment's schedule is read at the import (torch came first): that is the line.
+    assert warning.startswith(f"{script}:2: TorchstepProfWarning"), plain.stderr
+    assert "\x1b" not in plain.stderr and "abc\\x1b[2J" in warning
+    env.pop("TORCHSTEP_PROF_OVERRIDES")
+    under_run = subprocess.run([sys.executable, "-m", "torchstep_prof", "run", "--steps", "1", str(script)],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert under_run.returncode == 0, under_run.stderr
+    # Read before the script starts: no line of the user's is running, and none of ours is named.
+    (warning,) = [line for line in under_run.stderr.splitlines() if "Warning:" in line]
+    assert warning.startswith("torchstep_prof:0: TorchstepProfWarning: torchstep_prof: ignoring a rank"), warning
+
+
+def test_a_warning_from_a_region_points_at_its_with_line(tmp_path):
+    from script_helpers import run_script
+
+    code = """
+        import torch
+        import torchstep_prof as tsp
+        with torch.profiler.profile():
+            with tsp.schedule(steps=[1]), tsp.step(1), tsp.profile_region("actor", "update"):
+                pass
+    """
+    done = run_script(code, tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr
+    (warning,) = [line for line in done.stderr.splitlines() if "Warning:" in line]
+    assert warning.startswith(f"{tmp_path / 'job.py'}:5: ForeignProfilerWarning"), done.stderr

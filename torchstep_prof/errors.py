@@ -1,8 +1,9 @@
-"""The package's exceptions: one root, and ``ConfigError`` for bad configuration."""
+"""The package's exceptions and warnings: one root each, ``ConfigError``, and ``warn()``."""
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import os
+from typing import Any, Iterable, Sequence
 
 import attrs
 
@@ -102,19 +103,57 @@ class TraceWriteWarning(TorchstepProfWarning):
 
 
 def warn(message: str, category: type[Warning] = TorchstepProfWarning, stacklevel: int = 2) -> None:
-    """Issue a profiling warning that never raises into training.
+    """Issue a profiling warning that points at the user's line and never raises into training.
+
+    The warning names the innermost line of the user's code on this thread's stack (the
+    ``with tsp.profile_region(...)``, the ``optimizer.step()`` a run's hook fired from), never
+    the package's line that noticed: frames of torchstep_prof, torch and the standard library
+    that runs them are passed over. With no user code on the stack (the writer's thread, a
+    hook's, ``torchstep-prof run`` before the script starts) it names no line at all
+    (``torchstep_prof:0:``). ``stacklevel`` is accepted for callers written against
+    ``warnings.warn`` and not used: the line is found, not counted. Control characters in
+    ``message`` are shown escaped (a label or request id could hold an escape sequence).
 
     Under ``-W error`` (``warnings.simplefilter("error")``) ``warnings.warn`` raises: a failed
     write could then replace the user's own exception. The message goes to stderr instead.
     """
+    import sys
     import warnings
 
-    try:
-        warnings.warn(message, category, stacklevel=stacklevel + 1)
-    except Warning:
-        import sys
+    from .rendering import safe_text
 
+    message = safe_text(message)
+    frame = _user_frame(sys._getframe(1))
+    where = frame.f_globals if frame is not None else globals()
+    try:
+        warnings.warn_explicit(
+            message,
+            category,
+            frame.f_code.co_filename if frame is not None else "torchstep_prof",
+            frame.f_lineno if frame is not None else 0,
+            module=where.get("__name__"),
+            registry=where.setdefault("__warningregistry__", {}),
+        )
+    except Warning:
         try:
             sys.stderr.write(f"{category.__name__}: {message}\n")
         except (OSError, ValueError, AttributeError):  # no usable stderr: nothing more to do
             pass
+
+
+# Modules whose frames a warning never points at: ours, torch's (a run's optimizer and module
+# hooks fire inside torch), and the standard library's that run our code (a generator scope's
+# entry, a thread's start, an import, `python -m`). Our files by path too: `python -m
+# torchstep_prof` runs our __main__.py as `__main__`.
+_NOT_USER = frozenset({"torchstep_prof", "torch", "contextlib", "threading", "importlib", "runpy"})
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _user_frame(frame: Any) -> Any:
+    """The innermost frame at or above ``frame`` that is the user's code; None when there is none."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__") or ""
+        if module.partition(".")[0] not in _NOT_USER and not frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            return frame
+        frame = frame.f_back
+    return None

@@ -48,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _reject_unknown(parser, args.command, unknown)
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:
@@ -56,6 +59,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a killed writer
+
+
+def _reject_unknown(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
+    """Exit 2 with the subcommand's usage, naming what it does not know and the option meant
+    (``--stpes``: did you mean ``--steps``?), where argparse would print the top-level usage."""
+    import difflib
+
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub: argparse.ArgumentParser = subparsers.choices[command]
+    known = [option for action in sub._actions for option in action.option_strings]
+    words = []
+    for word in unknown:
+        close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1) if word.startswith("-") else []
+        words.append(f"{word} (did you mean {close[0]}?)" if close else word)
+    sub.error(f"unrecognized arguments: {', '.join(words)}")
 
 
 if __name__ == "__main__":  # pragma: no cover

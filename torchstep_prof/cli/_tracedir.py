@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TextIO
 
 import attrs
 
+from ..rendering import safe_text
 from ..traces.files import TraceFilter, TraceInfo, Unreadable, find_trace_files, scan_traces
 from ..traces.names import parse_trace_name
 
@@ -84,7 +85,7 @@ def filters_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
 
 def error(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr)
+    print(f"{PROG}: {safe_text(message)}", file=sys.stderr)
 
 
 def scan_folder(
@@ -128,7 +129,7 @@ def report_unreadable(unreadable: Sequence[Unreadable], stream: TextIO | None = 
     """One line per skipped file, naming it and saying why."""
     stream = stream or sys.stderr
     for item in unreadable:
-        print(f"skipped {item.path}: {item.reason}", file=stream)
+        print(f"skipped {safe_text(item.path)}: {safe_text(item.reason)}", file=stream)
 
 
 def newest_runs(infos: Sequence[TraceInfo]) -> tuple[list[TraceInfo], tuple[OtherRun, ...]]:
@@ -137,7 +138,7 @@ def newest_runs(infos: Sequence[TraceInfo]) -> tuple[list[TraceInfo], tuple[Othe
 
     choice = choose_runs(infos)
     for line in describe_other_runs(choice.other_runs):
-        print(line, file=sys.stderr)
+        print(safe_text(line), file=sys.stderr)
     return list(choice.traces), choice.other_runs
 
 

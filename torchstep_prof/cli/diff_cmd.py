@@ -71,17 +71,23 @@ def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):
 
 
 def _print_tables(result, top: int) -> None:
-    from ..traces.summarize import format_ms
+    from ..rendering import format_ms, safe_text
 
     def opt(value: float | None) -> str:
         return "-" if value is None else format_ms(value)
 
-    print(f"base: {result.base}\ntest: {result.test}\n")
+    print(f"base: {safe_text(result.base)}\ntest: {safe_text(result.test)}\n")
     print("Regions (mean wall ms per trace), largest change first:")
     _columns(
         ["region", "base ms", "test ms", "delta ms", "traces"],
         [
-            [r.region, opt(r.base_ms), opt(r.test_ms), f"{r.delta_ms:+.1f}", f"{r.base_traces}/{r.test_traces}"]
+            [
+                safe_text(r.region),
+                opt(r.base_ms),
+                opt(r.test_ms),
+                f"{r.delta_ms:+.1f}",
+                f"{r.base_traces}/{r.test_traces}",
+            ]
             for r in result.regions
         ],  # fmt: skip
     )
@@ -91,8 +97,8 @@ def _print_tables(result, top: int) -> None:
         ["region", "operator", "base ms", "test ms", "delta ms", "calls", ""],
         [
             [
-                o.region,
-                o.name,
+                safe_text(o.region),
+                safe_text(o.name),
                 format_ms(o.base_ms),
                 format_ms(o.test_ms),
                 f"{o.delta_ms:+.2f}",

@@ -54,12 +54,12 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _print_columns(rows: Sequence[dict]) -> None:
-    from ..traces.summarize import format_ms
+    from ..rendering import format_ms, safe_text
 
     cells = [list(_COLUMNS)] + [
         [
-            row["role"],
-            row["stage"],
+            safe_text(row["role"]),
+            safe_text(row["stage"]),
             str(row["step"]),
             str(row["occurrence"]),
             str(row["rank"]),
@@ -67,7 +67,7 @@ def _print_columns(rows: Sequence[dict]) -> None:
             "-" if row["pid"] is None else str(row["pid"]),
             format_ms(row["wall_ms"]),
             _size_text(row["size"]),
-            row["path"],
+            safe_text(row["path"]),
         ]
         for row in rows
     ]

@@ -123,14 +123,16 @@ def _int_list(option: str) -> Any:
         for item in filter(None, (part.strip() for part in text.split(","))):
             low, dash, high = item.partition("-")
             try:
-                if dash and low:
-                    numbers.extend(range(int(low), int(high) + 1))
-                else:
-                    numbers.append(int(item))
+                first, last = (int(low), int(high)) if dash and low else (int(item), int(item))
             except ValueError:
                 raise argparse.ArgumentTypeError(
                     f"{option}: {item!r} is not an integer or a range like 2-4 (in {text!r})"
                 ) from None
+            if last < first:
+                raise argparse.ArgumentTypeError(
+                    f"{option}: the range {item!r} is reversed (write {last}-{first}; in {text!r})"
+                )
+            numbers.extend(range(first, last + 1))
         if not numbers:
             raise argparse.ArgumentTypeError(f"{option}: name at least one number (got {text!r})")
         return numbers
@@ -240,6 +242,14 @@ def run(args: argparse.Namespace) -> int:
         parser.error(
             "no step is selected: pass --steps LIST (or --wait/--warmup/--active/--repeat), "
             "a --config file with a schedule, --set schedule.steps=[...], or --on-demand DIR"
+        )
+    steps = effective.schedule.steps if effective.enable and effective.schedule is not None else None
+    if steps and 0 in steps:
+        # begin_step(iter_num) counts from the loop's 0; a run counts boundaries from 1.
+        parser.error(
+            f"step 0 never runs under run (in --steps, --config or --set): steps count from 1, "
+            f"{step_on.describe()} ending one; the first ends step 1, which is iteration 0 of a "
+            "loop that counts from 0"
         )
     if effective.enable and effective.discrete and not regions:
         parser.error("--discrete writes one trace per region: name at least one --region CLASS")

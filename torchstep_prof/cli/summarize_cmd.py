@@ -79,6 +79,7 @@ def _render_diagnosis(console, waits, memory) -> None:
     """The collective waits and the memory per region, one paragraph each, under the table."""
     from rich.text import Text
 
+    from ..rendering import safe_text
     from ..summary.plain_console import print_stripped
     from ..traces.collectives import describe_waits
     from ..traces.memory import describe_memory
@@ -91,4 +92,4 @@ def _render_diagnosis(console, waits, memory) -> None:
         if items:
             print_stripped(console, Text(heading))
             for item in items:
-                print_stripped(console, Text("  " + describe(item)))
+                print_stripped(console, Text("  " + safe_text(describe(item))))

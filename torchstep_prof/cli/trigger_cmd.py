@@ -78,6 +78,7 @@ def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def trigger(args: argparse.Namespace) -> int:
+    from ..rendering import safe_text
     from ..triggers.status import read_statuses
 
     parser: argparse.ArgumentParser = args.trigger_parser
@@ -96,7 +97,7 @@ def trigger(args: argparse.Namespace) -> int:
         return 1
     statuses, bad = read_statuses(folder)
     for line in bad:
-        print(f"torchstep-prof trigger: skipped {_printable(line)}", file=sys.stderr)
+        print(f"torchstep-prof trigger: skipped {safe_text(line)}", file=sys.stderr)
     if args.status:
         _show_status(folder, statuses)
         if not statuses:
@@ -226,16 +227,19 @@ _MAX_RATE_WAIT_S = 30.0  # however long the ranks say they poll: the command sta
 def _printable(text: Any, limit: int = 200) -> str:
     """Text from a shared folder (request ids, outcomes, paths) as printed: control characters
     shown escaped, cut at ``limit`` characters. The one place this command prints such text."""
-    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    from ..rendering import safe_text
+
+    shown = safe_text(text)
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def _show_status(folder: str, statuses: list[Any]) -> None:
+    from ..rendering import safe_text
     from ..triggers.request import REQUEST_FILE, read_request
     from ..errors import ConfigError
 
     now = time.time()
-    print(f"{folder}: {len(statuses)} rank(s)")
+    print(safe_text(f"{folder}: {len(statuses)} rank(s)"))
     if statuses:
         print(f"{'rank':<6}{'step':>8}{'age s':>8}{'steps/s':>9}  {'state':<8}requests served")
     for s in statuses:
@@ -251,19 +255,19 @@ def _show_status(folder: str, statuses: list[Any]) -> None:
         )
         more = f" (+{len(s.served) - 5} earlier)" if len(s.served) > 5 else ""
         state = ("stale" if _stale(s, now) else "running") if s.running else "stopped"
-        print(f"{rank:<6}{step:>8}{max(0.0, now - s.time):>8.1f}{rate:>9}  {state:<8}{served}{more}")
+        print(safe_text(f"{rank:<6}{step:>8}{max(0.0, now - s.time):>8.1f}{rate:>9}  {state:<8}{served}{more}"))
     path = os.path.join(folder, REQUEST_FILE)
     if os.path.exists(path):
         try:
             request = read_request(path)
         except (ConfigError, OSError) as exc:
-            print(f"request file {path}: malformed ({_printable(exc, 400)})")
+            print(safe_text(f"request file {path}: malformed ({exc})"))
         else:
             waiting = [
                 str(s.rank) for s in statuses if s.running and not _stale(s, now) and request.id not in s.served_ids()
             ]
             tail = f"; not read yet by rank(s) {','.join(waiting)}" if waiting else ""
-            print(f"latest request: {request.id} {_steps(list(request.steps))}{tail}")
+            print(safe_text(f"latest request: {request.id} {_steps(list(request.steps))}{tail}"))
 
 
 def _steps(steps: Any) -> str:

@@ -197,7 +197,9 @@ def wait_at_exit() -> None:
 def _status_text() -> str:
     now = time.monotonic()
     runs = _running()
-    return "; ".join(f"waiting for {run.label}: {now - run.started:.0f} s" for run in runs)
+    from ..rendering import safe_text  # a command may hold a newline or an escape sequence
+
+    return "; ".join(f"waiting for {safe_text(run.label)}: {now - run.started:.0f} s" for run in runs)
 
 
 def _wait_with_live_status() -> None:

@@ -8,10 +8,7 @@ never imported here: a process whose code did not import it is not a Ray worker.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-from types import FrameType
 from typing import Any, Mapping
 
 from ..errors import TorchstepProfWarning, warn
@@ -21,9 +18,6 @@ __all__ = ["RANK_VARIABLES", "warn_if_ray_actor_without_rank"]
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 _warned = False
-# Frames a warning never points at: ours (the rank is first needed deep inside a scope or a
-# region, at a depth that varies with the caller) and contextlib's (a generator scope's entry).
-_NOT_USER_CODE = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, contextlib.__file__)
 
 
 def _ray_actor_id() -> Any:
@@ -57,15 +51,4 @@ def warn_if_ray_actor_without_rank(group: Any, environ: Mapping[str, str]) -> No
         "LOCAL_WORLD_SIZE in the actor before it profiles (runtime_env={'env_vars': {...}} "
         "or os.environ in its __init__), as verl's workers do.",
         TorchstepProfWarning,
-        stacklevel=_user_stacklevel(),
     )
-
-
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning issued by our caller point at the first frame of
-    user code above it (the ``with tsp.profile_region(...)`` line, say)."""
-    level = 1
-    frame: FrameType | None = sys._getframe(2)  # 1: our caller's frame; 2: the frame that called it
-    while frame is not None and frame.f_code.co_filename.startswith(_NOT_USER_CODE):
-        level, frame = level + 1, frame.f_back
-    return level + 1 if frame is not None else 1

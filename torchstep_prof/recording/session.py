@@ -27,6 +27,7 @@ from ..config.model import ProfilerConfig
 from ..errors import TorchstepProfWarning, warn
 from ..traces.names import fit_label, range_label, sanitize_label
 from ..selection.rules import StepAction
+from ..selection.step_meaning import step_meaning
 from ..topology import Topology, distributed_initialized
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class TraceSession:
         self.fused = role is None  # a step block owns it; regions inside add their roles
         self.owner_role = role
         self.owner_stage = stage
+        self.owner_range: Optional[str] = None  # the owning region's range name, once started
         self.step = step
         self.action = action
         self.topology = topology
@@ -130,6 +132,8 @@ class TraceSession:
         self.owner_task = running_task()
         self.started_at = _dt.datetime.now(_dt.timezone.utc)
         self._t0 = 0.0
+        # Until the writer reads the file's ProfilerStep range (the one wall time: see
+        # writing/range_marks.py), the block's time as this session measured it.
         self.wall_s = 0.0
         self.start_s = 0.0
         self.stop_s = 0.0
@@ -253,8 +257,8 @@ class TraceSession:
             step_range = f"ProfilerStep#{self.step}"
             self._ranges.enter_context(self._with_nvtx(step_range, record_function(step_range)))
             if not self.fused:
-                name = range_label(f"{self.owner_role}/{self.owner_stage}")
-                self._ranges.enter_context(self._with_nvtx(name, new_range(name)))
+                self.owner_range = range_label(f"{self.owner_role}/{self.owner_stage}")
+                self._ranges.enter_context(self._with_nvtx(self.owner_range, new_range(self.owner_range)))
         except BaseException:
             self._ranges.close()
             prof.stop()
@@ -367,6 +371,7 @@ class TraceSession:
             "world_size": world,
             "pid": os.getpid(),
             "discrete": not self.fused,
+            **step_meaning(self.step),
         }
         # Labels are sanitized (ASCII, no quotes or backslashes): torch writes this unescaped.
         prof.add_metadata_json(METADATA_KEY, json.dumps(metadata))

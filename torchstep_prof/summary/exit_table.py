@@ -6,15 +6,18 @@ fixed-width one writing to a buffer."""
 
 from __future__ import annotations
 
+import io
 import os
+import shlex
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
 
 from ..traces.names import TraceName, format_timestamp, parse_trace_name
-from .records import ProfilingRecords, records
+from .records import HookRecord, ProfilingRecords, TraceRecord, records
 
 if TYPE_CHECKING:  # rich costs ~70 ms to import: only when a summary is printed
     from rich.console import Console, Group
+    from rich.table import Table
 
 __all__ = ["print_summary", "render_summary"]
 
@@ -35,10 +38,7 @@ def _short_path(path: str) -> str:
     return relative if len(relative) < len(path) else path
 
 
-_GAP = 2  # characters between two columns (rich's padding, collapsed)
-
-
-def _file_cells(data: ProfilingRecords, folder: str | None, pid: int) -> tuple[list[str], str]:
+def _file_cells(traces: list[TraceRecord], folder: str | None, pid: int) -> tuple[list[str], str]:
     """The file column's cells and, when they are shortened, the line that says how.
 
     In one folder, a row's name holds only its role, stage, step, rank (all in other columns),
@@ -46,18 +46,18 @@ def _file_cells(data: ProfilingRecords, folder: str | None, pid: int) -> tuple[l
     row shares (the date, usually), tells the rows apart.
     """
     names: list[TraceName | None] = []
-    for trace in data.traces:
+    for trace in traces:
         try:
             names.append(parse_trace_name(trace.path) if trace.path else None)
         except ValueError:
             names.append(None)
-    written = [(t, n) for t, n in zip(data.traces, names) if t.path]
+    written = [(t, n) for t, n in zip(traces, names) if t.path]
     shortened = folder is not None and all(
         n is not None and n.pid == pid and (n.role, n.stage, n.step, n.rank) == (t.role, t.stage, t.step, t.rank)
         for t, n in written
     )
     if not shortened:
-        cells = [_display(t.path, folder) if t.path else "NOT WRITTEN" for t in data.traces]
+        cells = [_display(t.path, folder) if t.path else "NOT WRITTEN" for t in traces]
         return cells, ""
 
     def tail(name: TraceName) -> str:  # what follows the pid in the name
@@ -75,55 +75,107 @@ def _file_cells(data: ProfilingRecords, folder: str | None, pid: int) -> tuple[l
         "NOT WRITTEN"
         if cell is None
         else (os.path.basename(trace.path) if seen.count(cell) > 1 and trace.path else cell)
-        for cell, trace in zip(short, data.traces)
+        for cell, trace in zip(short, traces)
     ]
-    world = data.traces[0].world_size if data.traces else 1
-    rank = "<rank>" if len({t.rank for t in data.traces}) > 1 else str(data.traces[0].rank)
+    world = traces[0].world_size if traces else 1
+    rank = "<rank>" if len({t.rank for t in traces}) > 1 else str(traces[0].rank)
     how = f"file: the end of <role>_<stage>_step<n>_rank{rank}-of-{world}_pid{pid}_<UTC time>.json"
     return cells, how
 
 
+_Column = Tuple[str, str, List[str]]  # header, justification, cells
 _LABELS = ("role", "stage")
 _MIN_LABEL = 8  # a folded role or stage keeps this many characters a line at least
+MAX_ROWS = 20
+"""Traces the table shows at most: the ones not written and the longest; a line under it counts
+the others and names the command that lists them all."""
 
 
-def _fold_labels(columns: list, widths: list[int], width: int, gap: int) -> None:
-    """Fold the role and stage cells (in place) so that the table fits ``width``: the numbers
-    keep their width, the stage keeps its own when it can, the role takes what is left."""
+def _rows_shown(traces: tuple[TraceRecord, ...]) -> list[TraceRecord]:
+    """Every trace, in the order written, when they fit in :data:`MAX_ROWS`; else those not
+    written, then the longest, longest first."""
+    if len(traces) <= MAX_ROWS:
+        return list(traces)
+    return sorted(traces, key=lambda t: (t.ok, -t.wall_s))[:MAX_ROWS]
+
+
+def _natural_width(table: Table) -> int:
+    """The width rich lays ``table`` out in when nothing limits it."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console(file=io.StringIO(), width=100_000)
+    return Measurement.get(console, console.options, table).maximum
+
+
+def _fold_labels(columns: list[_Column], natural: int, width: int) -> list[_Column]:
+    """The columns with the role and stage cells folded so that a table ``natural`` characters
+    wide fits ``width``: the numbers keep their width, the stage keeps its own when it can, the
+    role takes what is left."""
     from .label_wrap import wrap_label
 
-    index = {header: i for i, (header, _, _) in enumerate(columns)}
-    fixed = sum(w for (h, _, _), w in zip(columns, widths) if h not in _LABELS)
-    room = width - fixed - gap * (len(columns) - 1)
-    stage_width = min(widths[index["stage"]], max(_MIN_LABEL, room // 3))
-    role_width = max(_MIN_LABEL, room - stage_width)
-    for header, fold_to in (("role", role_width), ("stage", stage_width)):
-        i = index[header]
-        title, justify, cells = columns[i]
-        columns[i] = (title, justify, [wrap_label(cell, fold_to) for cell in cells])
-        widths[i] = min(widths[i], fold_to)
+    label_width = {h: max([len(h), *map(len, cells)]) for h, _, cells in columns if h in _LABELS}
+    room = width - (natural - sum(label_width.values()))
+    stage_width = min(label_width["stage"], max(_MIN_LABEL, room // 3))
+    fold_to = {"role": max(_MIN_LABEL, room - stage_width), "stage": stage_width}
+    return [
+        (h, justify, [wrap_label(cell, fold_to[h]) for cell in cells] if h in _LABELS else cells)
+        for h, justify, cells in columns
+    ]
+
+
+def _table(columns: list[_Column], padded: bool) -> Table:
+    """The rich table of ``columns``; rich lays it out. No header or number is ever cut (each
+    column is at least as wide as both); labels arrive folded to fit."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        collapse_padding=True,
+        expand=False,
+        padding=(0, 1) if padded else 0,  # plus the box's one-space column separator
+    )
+    for header, justify, cells in columns:
+        lines = "\n".join(cells).split("\n")
+        table.add_column(
+            header,
+            justify=justify,  # type: ignore[arg-type]  # rich's Literal; ours are 'left'/'right'
+            no_wrap=True,
+            min_width=max([len(header), *map(len, lines)]),
+            overflow="ellipsis",
+        )
+    for row in zip(*(cells for _, _, cells in columns)):
+        table.add_row(*(Text(cell) for cell in row))
+    return table
 
 
 def _display(path: str, folder: str | None) -> str:
     return os.path.basename(path) if folder is not None else _short_path(path)
 
 
-def _gpu_column(data: ProfilingRecords) -> list[tuple[str, str, list[str]]]:
+def _gpu_column(traces: Sequence[TraceRecord]) -> list[_Column]:
     """The ``gpu ms`` column (time CUDA kernels ran inside each region: traces/gpu_time.py),
     blank for a trace without kernels; none when no trace holds kernels."""
-    if all(t.gpu_ms is None for t in data.traces):
+    from ..rendering import format_ms
+
+    if all(t.gpu_ms is None for t in traces):
         return []
-    return [("gpu ms", "right", ["" if t.gpu_ms is None else f"{t.gpu_ms:.1f}" for t in data.traces])]
+    return [("gpu ms", "right", ["" if t.gpu_ms is None else format_ms(t.gpu_ms) for t in traces])]
 
 
 def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
-    """The summary of ``data``: a title, one table line per trace, then hooks, costs and what
-    needs attention, one line each. ``width`` (the console's) decides whether file names fit
-    as a column or are listed under the table."""
-    from rich import box
+    """The summary of ``data``: a title, one table line per trace (the longest
+    :data:`MAX_ROWS` when there are more), then hooks, costs and what needs attention, one line
+    each. ``width`` (the console's) decides whether file names fit as a column or are listed
+    under the table."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
+
+    from ..rendering import format_ms, safe_text
 
     pid = os.getpid()
     rank_label = ""
@@ -138,69 +190,53 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
     folder = folders.pop() if len(folders) == 1 else None
     where = f" to {_short_path(folder) or '.'}" if folder is not None else ""
     title = f"torchstep_prof{rank_label} (pid {pid}): {len(written)} trace(s) written{where}"
-    files, how = _file_cells(data, folder, pid)
-    show_occ = any(t.occurrence > 1 for t in data.traces)
-    columns: list[tuple[str, str, list[str]]] = [
-        ("role", "left", [t.role for t in data.traces]),
-        ("stage", "left", [t.stage for t in data.traces]),
-        ("step", "right", [str(t.step) for t in data.traces]),
-        *([("occ", "right", [str(t.occurrence) for t in data.traces])] if show_occ else []),
-        ("rank", "right", [str(t.rank) for t in data.traces]),
-        ("wall ms", "right", [f"{t.wall_s * 1000:.1f}" for t in data.traces]),
-        *_gpu_column(data),
-        ("size", "right", [_size(t.size_bytes) if t.ok else "-" for t in data.traces]),
-        ("file", "left", files),
+    shown = _rows_shown(data.traces)
+    files, how = _file_cells(shown, folder, pid)
+    show_occ = any(t.occurrence > 1 for t in shown)
+    columns: list[_Column] = [
+        ("role", "left", [safe_text(t.role) for t in shown]),
+        ("stage", "left", [safe_text(t.stage) for t in shown]),
+        ("step", "right", [str(t.step) for t in shown]),
+        *([("occ", "right", [str(t.occurrence) for t in shown])] if show_occ else []),
+        ("rank", "right", [str(t.rank) for t in shown]),
+        ("wall ms", "right", [format_ms(t.wall_s * 1000) for t in shown]),
+        *_gpu_column(shown),
+        ("size", "right", [_size(t.size_bytes) if t.ok else "-" for t in shown]),
+        ("file", "left", [safe_text(cell) for cell in files]),
     ]
-    widths = [max([len(h), *map(len, cells)]) for h, _, cells in columns]
-
-    def fits(count: int, gap: int) -> bool:
-        return width is None or sum(widths[:count]) + gap * (count - 1) <= width
-
-    # The first layout that fits: two spaces between columns, then one (before rich would cut
-    # a cell), then without the file column (the names then listed under the table), and last
-    # with the role and stage folded after a "-" (never a number cut: step, rank, wall time
-    # and size keep their width whatever the labels).
-    layouts = [(len(columns), 2), (len(columns), 1), (len(columns) - 1, 2)]
-    count, gap = next(((c, g) for c, g in layouts if fits(c, g)), (len(columns) - 1, 1))
-    files_below = count < len(columns)
-    columns = columns[:count]
-    if not fits(count, gap):
-        _fold_labels(columns, widths, width or 0, gap)
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
-        collapse_padding=True,
-        expand=False,
-        padding=(0, 1) if gap == 2 else 0,  # plus the box's one-space column separator
-    )
-    for (header, justify, cells), natural in zip(columns, widths):
-        label = header in _LABELS
-        table.add_column(
-            header,
-            justify=justify,  # type: ignore[arg-type]  # rich's Literal; ours are 'left'/'right'
-            no_wrap=True,
-            # A number keeps its whole width; a label was folded to its column's width above.
-            min_width=None if label else natural,
-            max_width=max(map(len, "\n".join(cells).split("\n")), default=0) if label else None,
-            overflow="ellipsis",
-        )
-    for row in zip(*(cells for _, _, cells in columns)):
-        table.add_row(*(Text(cell) for cell in row))
+    # The first layout rich fits in the console: two spaces between columns, then one, then
+    # without the file column (the names then listed under the table), and last with the role
+    # and stage folded after a "-" (never a number cut: step, rank, wall time and size keep
+    # their width whatever the labels).
+    layouts = [(columns, True), (columns, False), (columns[:-1], True), (columns[:-1], False)]
+    table: Table | None = None
+    for chosen, padded in layouts:
+        candidate = _table(chosen, padded)
+        if width is None or _natural_width(candidate) <= width:
+            table = candidate
+            break
+    if table is None:  # not even the narrowest fits whole: fold its labels to what is left
+        narrowest = _table(chosen, padded)
+        table = _table(_fold_labels(chosen, _natural_width(narrowest), width or 0), False)
+    files_below = len(chosen) < len(columns)
     lines: list[str] = []
     listed: list[Text] = []
     if files_below:
         lines.append("files, in the order of the rows:")
         # A file name is copied whole: longer than the console, it runs past the edge unfolded.
-        listed = [Text(f"  {_display(t.path, folder)}", no_wrap=True, overflow="ignore") for t in data.traces if t.path]
+        listed = [
+            Text(f"  {safe_text(_display(t.path, folder))}", no_wrap=True, overflow="ignore") for t in shown if t.path
+        ]
     elif how:
         lines.append(how)
+    if len(shown) < len(data.traces):
+        lines.append(_more_line(len(data.traces), len(shown), folder))
     for trace in data.traces:
         if not trace.ok:
             lines.append(f"NOT WRITTEN: {trace.role}/{trace.stage} step {trace.step}: {trace.error}")
     for hook in data.hooks:
         code = "-" if hook.exit_code is None else str(hook.exit_code)
-        extra = f"; {hook.message}" if hook.message and not hook.ok else ""
+        extra = _hook_detail(hook)
         missing = f"; no word from local ranks {list(hook.missing_ranks)}" if hook.missing_ranks else ""
         lines.append(
             f"hook on rank {hook.rank}: {hook.outcome}, exit code {code}, {hook.duration_s:.2f} s{missing}{extra}"
@@ -216,14 +252,34 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         lines.append(_missed_line(data))
     lines.extend(data.attention)
     lines.extend(_metrics_lines())
-    parts: list[Any] = [Text(title)]
+    parts: list[Any] = [Text(safe_text(title))]
     if data.traces:
         parts.append(table)
     if listed:
         parts.append(Text(lines.pop(0)))
         parts.extend(listed)
-    parts.extend(Text(line) for line in lines)
+    parts.extend(Text(safe_text(line)) for line in lines)
     return Group(*parts)
+
+
+def _hook_detail(hook: HookRecord) -> str:
+    """What a failed hook's message adds to its outcome and exit code, already on the line:
+    ``; last stderr line: 'x'``, not ``; failed with exit code 3 (last stderr line: 'x')``."""
+    if hook.ok or not hook.message:
+        return ""
+    detail = hook.message
+    said = f"failed with exit code {hook.exit_code}"
+    if detail.startswith(said):
+        detail = detail[len(said) :].strip()
+        if detail.startswith("(") and detail.endswith(")") and detail.count("(") == 1:
+            detail = detail[1:-1]
+    return f"; {detail}" if detail else ""
+
+
+def _more_line(total: int, shown: int, folder: str | None) -> str:
+    """``268 more not shown (the table holds the 20 longest): torchstep-prof ls DIR``."""
+    where = shlex.quote(_short_path(folder) or ".") if folder is not None else "DIR"
+    return f"{total - shown} more not shown (the table holds the {shown} longest): torchstep-prof ls {where}"
 
 
 def _metrics_lines() -> list[str]:
@@ -278,11 +334,13 @@ def import_exit_modules() -> None:
     import rich.box  # noqa: F401
     import rich.console  # noqa: F401
     import rich.live  # noqa: F401
+    import rich.measure  # noqa: F401
     import rich.status  # noqa: F401
     import rich.table  # noqa: F401
     import rich.text  # noqa: F401
 
     from . import label_wrap, plain_console  # noqa: F401
+    from .. import rendering  # noqa: F401
     from ..hook import command, finishing, node_sync, relocate  # noqa: F401
 
 

@@ -234,27 +234,29 @@ def waits_to_dicts(waits: Iterable[CollectiveWaits]) -> list[dict[str, Any]]:
 
 
 def describe_waits(w: CollectiveWaits) -> str:
-    """A group's waits in words.
+    """A group's waits in words, the late rank named wherever the text speaks of it.
 
     >>> print(describe_waits(CollectiveWaits(role="trainer", stage="forward", step=2,
     ...     occurrence=1, fused=False, kind="gloo", matched=3, late_rank=1,
     ...     ranks=(RankWait(rank=0, wait_ms=91.0, last=0), RankWait(rank=1, wait_ms=0.2, last=3)))))
-    trainer/forward step 2: rank 1 arrived last at 3 of 3 gloo collectives (100%); rank 0 waited 91 ms; no operator accounts for it (Python, sleeping, I/O, data loading)
+    trainer/forward step 2: rank 1 arrived last at 3 of 3 gloo collectives (100%); rank 0 waited 91 ms; no operator accounts for rank 1's lateness (Python, sleeping, I/O, data loading)
     """
     where = f"{w.role}/{w.stage} step {w.step}" + (f" #{w.occurrence}" if w.occurrence > 1 else "")
     waited = ", ".join(f"rank {r.rank} waited {_ms(r.wait_ms)}" for r in w.ranks if r.rank != w.late_rank)
+    collectives = f"{w.kind} collective{'' if w.matched == 1 else 's'}"
     if w.late_rank is None:
-        text = f"{where}: no rank makes the others wait ({w.matched} {w.kind} collectives; {waited})"
+        text = f"{where}: no rank makes the others wait ({w.matched} {collectives}; {waited})"
     else:
         late = next(r for r in w.ranks if r.rank == w.late_rank)
         text = (
-            f"{where}: rank {w.late_rank} arrived last at {late.last} of {w.matched} {w.kind} "
-            f"collectives ({100 * w.share(w.late_rank):.0f}%); {waited}"
+            f"{where}: rank {w.late_rank} arrived last at {late.last} of {w.matched} {collectives} "
+            f"({100 * w.share(w.late_rank):.0f}%); {waited}"
         )
         if w.ops:
-            text += "; its extra time: " + ", ".join(f"{d.name} (+{_ms(d.delta_ms)})" for d in w.ops[:3])
+            extra = ", ".join(f"{d.name} (+{_ms(d.delta_ms)})" for d in w.ops[:3])
+            text += f"; rank {w.late_rank}'s extra time: {extra}"
         else:
-            text += "; no operator accounts for it (Python, sleeping, I/O, data loading)"
+            text += f"; no operator accounts for rank {w.late_rank}'s lateness (Python, sleeping, I/O, data loading)"
     if w.unmatched:
         names = ", ".join(sorted({u.name for u in w.unmatched})[:3])
         text += f"; {len(w.unmatched)} unmatched ({names})"

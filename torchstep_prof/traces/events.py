@@ -37,9 +37,10 @@ OP_CATEGORIES = frozenset({"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda
 def is_operator(name: str, cat: str) -> bool:
     """Whether an event counts in :func:`top_ops`.
 
-    Region ranges (``<role>/<stage>``) are recorded with torch's fast range marker, which torch
-    files under ``cpu_op`` like a real operator; they are told apart by their name: a ``/`` and
-    no ``::`` (every ATen, c10d or autograd operator has a namespace).
+    Region ranges (``<role>/<stage>``) are user annotations; in traces written before the
+    writer re-filed them (writing/range_marks.py) they are under ``cpu_op``, like a real
+    operator, and are told apart by their name: a ``/`` and no ``::`` (every ATen, c10d or
+    autograd operator has a namespace).
     """
     return cat in OP_CATEGORIES and not (cat == "cpu_op" and "/" in name and "::" not in name)
 
@@ -157,8 +158,9 @@ class RegionRange:
 
 
 def region_ranges(events: list[Any]) -> list[RegionRange]:
-    """The region ranges in ``events`` (``cpu_op`` ranges of the owner's thread, ``user_annotation``
-    spans of other threads and tasks), in trace order; those with absurd times are left out."""
+    """The region ranges in ``events`` (``user_annotation`` ranges and spans; ``cpu_op`` ones in
+    traces written before the writer re-filed them), in trace order; those with absurd times are
+    left out."""
     found = []
     for event in events:
         if not isinstance(event, dict) or event.get("ph") != "X":

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Tu
 
 import attrs
 
+from ..rendering import format_ms, safe_text
 from ..summary.label_wrap import wrap_label
 from .runs import OtherRun
 from .collective_calls import CollectiveCall
@@ -280,18 +281,6 @@ def _ops(ops: Iterable[OpTime]) -> list[dict[str, Any]]:
     return [{"name": op.name, "self_ms": _ms(op.self_ms)} for op in ops]
 
 
-def format_ms(value: float) -> str:
-    """A duration for a table cell: one decimal, or a short exponent form for absurd values (a
-    corrupt trace must not widen a column by hundreds of characters).
-
-    >>> format_ms(170.44), format_ms(3.2e14), format_ms(float("nan"))
-    ('170.4', '3.2e+14', '?')
-    """
-    if not math.isfinite(value):
-        return "?"
-    return f"{value:.1f}" if abs(value) < 1e7 else f"{value:.1e}"
-
-
 def render_summary(summary: Summary, console: Console, *, title: str | None = None) -> None:
     """Print ``summary`` as one table (a section per group), then the files that were skipped.
 
@@ -310,7 +299,7 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
         print_stripped(console, table)
         for group in summary.groups if ops_below else ():
             if group.top_ops:
-                heading = f"{group.label} step {group.step}, top ops (self ms):"
+                heading = f"{safe_text(group.label)} step {group.step}, top ops (self ms):"
                 # Folded after a "-", "/" or space, as the table folds it: never mid-word.
                 print_stripped(console, Text(wrap_label(heading, console.width)))
                 print_stripped(console, Text("\n".join(_ops_lines(group.top_ops))), no_wrap=True)
@@ -325,7 +314,7 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
         count = len(summary.unreadable)
         print_stripped(console, f"Skipped {count} file(s) that are not usable traces:")
         for item in summary.unreadable:
-            print_stripped(console, Text(f"  {item.path}: {item.reason}"), soft_wrap=True)
+            print_stripped(console, Text(f"  {safe_text(item.path)}: {safe_text(item.reason)}"), soft_wrap=True)
 
 
 _GAP = 2  # characters between two columns
@@ -362,7 +351,7 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
         region_width = max(_MIN_REGION_WIDTH, widths[0] + ops_width)
         rows = [(wrap_label(r[0], region_width), *r[1:]) for r in rows]
     table = Table(
-        title=Text(title) if title else None,
+        title=Text(safe_text(title)) if title else None,
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -419,9 +408,9 @@ def _rows(summary: Summary) -> list[tuple]:
                     ops += [f"rank {rank.rank}:"] + _ops_lines(rank.top_ops)
             elif rank.rank == group.slowest and is_max and len(group.ranks) > 1:
                 ratio.append(" slowest")
-            region = group.label if row == 0 else ""
+            region = safe_text(group.label) if row == 0 else ""
             if mixed_roles:  # which roles this rank's fused trace holds
-                region = "\n".join(filter(None, [region, f"  ran {rank.role}"]))
+                region = "\n".join(filter(None, [region, f"  ran {safe_text(rank.role)}"]))
             rows.append(
                 (
                     region,
@@ -438,7 +427,7 @@ def _rows(summary: Summary) -> list[tuple]:
 
 
 def _ops_lines(ops: Sequence[OpTime]) -> list[str]:
-    return [f"{format_ms(op.self_ms):>6} {op.name}" for op in ops]
+    return [f"{format_ms(op.self_ms):>6} {safe_text(op.name)}" for op in ops]
 
 
 def default_title(directory: str | os.PathLike[str], summary: Summary) -> str:

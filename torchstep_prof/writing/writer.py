@@ -34,12 +34,14 @@ import attrs
 
 from .. import background
 from .memory_snapshot import write_snapshot
+from .range_marks import mark_region_ranges
 from .temp_files import WorkFolder, host_label, remove, remove_dead_temporaries
 from .trace_tail import TraceTailError, finish_tail, set_trace_name
 from ..errors import TraceWriteWarning, warn
 from ..traces.names import TraceName, build_trace_name, with_part
 from ..summary.records import STORE, TraceRecord
 from ..recording.interrupts import interruptible
+from ..recording.range_names import RANGE_NAMES
 from ..recording.session import TraceSession, records_cuda
 from ..traces.gpu_time import trace_gpu_ms
 
@@ -244,6 +246,9 @@ class TraceWriter:
             work = WorkFolder(folder, self._host, os.getpid())
             raw_path = work.file("trace.json")
             self._export(session, raw_path)
+            step_s = mark_region_ranges(raw_path, _range_names(session), session.step)
+            if step_s is not None:  # the file's own wall time, the one `ls` and `summarize` read
+                record = attrs.evolve(record, wall_s=step_s)
             final_name = build_trace_name(name)
             target = self._free_target(folder, final_name)
             try:
@@ -413,6 +418,15 @@ def _gpu_ms(session: TraceSession, raw_path: str) -> Optional[float]:
         return trace_gpu_ms(trace, session.step) if isinstance(trace, dict) else None
     except (OSError, ValueError):
         return None
+
+
+def _range_names(session: TraceSession) -> set[str]:
+    """Every region range name the trace may hold: each (role, stage) pair seen so far (the
+    table only grows; ``list()`` copies it whole while the training thread may add to it)."""
+    names = {name for stages in list(RANGE_NAMES.values()) for name in list(stages.values())}
+    if session.owner_range is not None:
+        names.add(session.owner_range)
+    return names
 
 
 def _link(source: str, target: str) -> bool:

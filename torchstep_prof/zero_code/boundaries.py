@@ -32,6 +32,7 @@ from ..summary.records import STORE
 from ..regions import profile_region, step
 from ..selection.frames import Frame
 from ..selection.rules import StepAction
+from ..selection.step_meaning import RunCounting, counting_run
 from .open_ranges import RangeWatch
 from .step_on import StepOn
 
@@ -106,6 +107,7 @@ class StepDriver:
         self._open_regions: list[tuple[Any, contextlib.ExitStack]] = []  # (module, region), innermost last
         self._seen_classes: set[str] = set()
         self._recorded_steps = 0
+        self._first_recorded = 0  # the first step recorded: the summary's example
         self._skipped: list[tuple[int, str]] = []  # (step, the range that kept it from starting)
         self._remove_source: Optional[Callable[[], None]] = None
         self._forward_pre: Any = None
@@ -121,6 +123,7 @@ class StepDriver:
 
     def install(self) -> None:
         _DRIVER[:] = [self]
+        counting_run(RunCounting(boundary=self.step_on.boundary(), every=self.step_every))
         self._remove_source = _install_source(self.step_on, self._on_boundary, self._owner, self.main_names)
         self._guarded(self._begin, 1)
 
@@ -148,8 +151,15 @@ class StepDriver:
                 self._remove_source()
                 self._remove_source = None
             _DRIVER.clear()
-        STORE.add_attention("run-step-on", f"torchstep-prof run: a step ended at {self.step_on.describe()}"
-                            + (f", {self.step_every} to a step" if self.step_every > 1 else ""))  # fmt: skip
+            counting_run(None)
+        counting = RunCounting(boundary=self.step_on.boundary(), every=self.step_every)
+        example = self._first_recorded or 1
+        STORE.add_attention(
+            "run-step-on",
+            f"torchstep-prof run: a step ended at {self.step_on.describe()}"
+            + (f", {self.step_every} to a step" if self.step_every > 1 else "")
+            + f", from step 1; {counting.sentence(example)}",
+        )
         if not seen:
             STORE.add_attention(
                 "run-no-step",
@@ -250,6 +260,7 @@ class StepDriver:
             self._watch.ignoring = False
         self._open_step, self._open_number = stack, number
         self._recorded_steps += 1
+        self._first_recorded = self._first_recorded or number
         if self.regions:
             self._set_module_hooks(pre=True, post=True)
 

@@ -37,12 +37,16 @@ class StepOn:
     module: str = ""
     qualname: str = ""
 
-    def describe(self) -> str:
+    def boundary(self) -> str:
+        """One boundary event, as a noun: ``Optimizer.step call``."""
         if self.kind == "optimizer":
-            return "each Optimizer.step call"
+            return "Optimizer.step call"
         if self.kind == "backward":
-            return "each top-level autograd backward"
-        return f"each return of {self.module}:{self.qualname}"
+            return "top-level autograd backward"
+        return f"return of {self.module}:{self.qualname}"
+
+    def describe(self) -> str:
+        return f"each {self.boundary()}"
 
 
 def parse_step_on(text: str) -> StepOn:
