@@ -48,7 +48,7 @@ def make_template(folder: str) -> dict:
 
 def make_folder(folder: str, template: dict, step_count: int = STEPS) -> int:
     """2000 clones of ``template`` (40 per step), as an 8-rank run would leave them."""
-    from torchstep_prof.traces.names import TraceName, build_trace_name
+    from torchstep_prof.naming import TraceName, build_trace_name
 
     steps = [e for e in template["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
     base_ns = int(template["baseTimeNanoseconds"])

@@ -51,7 +51,7 @@ def make_template(folder: str) -> dict:
 
 
 def make_folder(folder: str, template: dict, files: int) -> int:
-    from torchstep_prof.traces.names import TraceName, build_trace_name
+    from torchstep_prof.naming import TraceName, build_trace_name
 
     base_ns = int(template["baseTimeNanoseconds"])
     events = template["traceEvents"]

@@ -58,14 +58,14 @@ def _fresh_process_state(monkeypatch):
     # torch.autograd._profiler_enabled() sees a profiler started on this thread; one started in
     # another thread it does not, so the engine's record of a running session is checked too.
     leaked_torch = torch.autograd._profiler_enabled()
-    leaked_session = _ENGINE.session
+    leaked_session = _ENGINE.slot.session
     if leaked_torch:  # stop it, so that one leak does not fail every later test too
         try:
             torch.autograd._disable_profiler()
         except Exception:
             pass
     if leaked_session is not None:
-        _ENGINE.session = None
+        _ENGINE.slot.forget_session()
         try:
             leaked_session.profile.stop()
         except Exception:

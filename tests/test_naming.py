@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torchstep_prof import TraceName, build_trace_name, parse_trace_name
-from torchstep_prof.traces.names import TRACE_NAME_PATTERN
+from torchstep_prof.naming import TRACE_NAME_PATTERN
 
 MOMENT = dt.datetime(2026, 8, 14, 12, 27, 31, 89000, tzinfo=dt.timezone.utc)
 

@@ -467,7 +467,7 @@ def test_a_keyboard_interrupt_inside_the_one_time_warm_up_leaves_profiling_usabl
 
     from torchstep_prof.engine import ENGINE
 
-    monkeypatch.setattr(ENGINE, "warmed", False)
+    monkeypatch.setattr(ENGINE.slot, "warmed", False)
     name, after = _WARM_UP_INTERRUPTS[where]
     arm = interrupt_torch_once(monkeypatch, name, after=after)
     arm()

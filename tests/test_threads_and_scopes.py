@@ -192,7 +192,7 @@ def test_a_thread_region_still_open_when_the_trace_stops_is_cut_off_there(save_d
 def test_a_selected_step_waits_for_another_threads_warm_up_instead_of_being_lost(tmp_path, monkeypatch):
     from torchstep_prof.engine import ENGINE
 
-    monkeypatch.setattr(ENGINE, "warmed", False)
+    monkeypatch.setattr(ENGINE.slot, "warmed", False)
     folder = tmp_path / "profile"
     warming = threading.Event()
     real = ENGINE.slot._warm_up_now

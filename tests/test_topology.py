@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from torchstep_prof.errors import TorchstepProfWarning
-from torchstep_prof.traces.names import parse_trace_name
+from torchstep_prof.naming import parse_trace_name
 from torchstep_prof.topology import Topology, current_topology, forget_topology
 
 WARNING = "torchstep_prof: ignoring a rank environment that makes no sense"

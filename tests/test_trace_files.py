@@ -24,7 +24,7 @@ from trace_helpers import check_trace_file, everything_under, load_trace, range_
 import torchstep_prof as tsp
 from torchstep_prof import build_trace_name, parse_trace_name
 from torchstep_prof.recording import session as _session
-from torchstep_prof.traces.names import TRACE_NAME_PATTERN
+from torchstep_prof.naming import TRACE_NAME_PATTERN
 
 
 def region(role="actor", stage="update", step=1):

@@ -23,7 +23,7 @@ import attrs  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
-from torchstep_prof.traces.names import TraceName, build_trace_name, sanitize_label, with_part  # noqa: E402
+from torchstep_prof.naming import TraceName, build_trace_name, sanitize_label, with_part  # noqa: E402
 
 try:  # the engine marks regions with torch's fast range (cat cpu_op in the trace): do the same
     from torch._C._profiler import _RecordFunctionFast as _region_range

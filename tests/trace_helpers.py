@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from torchstep_prof import build_trace_name, parse_trace_name
-from torchstep_prof.traces.names import TRACE_NAME_PATTERN
+from torchstep_prof.naming import TRACE_NAME_PATTERN
 
 Trace = dict[str, Any]
 Event = dict[str, Any]
@@ -170,7 +170,7 @@ def owner_range_name(path: str | os.PathLike[str], trace: Trace) -> Optional[str
 
 def _sanitized(label: str) -> str:
     # As file names write labels: sanitized, and long ones fitted (start kept, hash added).
-    from torchstep_prof.traces.names import fit_label
+    from torchstep_prof.naming import fit_label
 
     cleaned = re.sub(r"[^0-9A-Za-z.=+\-]+", "-", label).strip("-.")
     # Nothing left: the label's code points (docs/trace-files.md), e.g. "___" -> "U+5F+5F+5F".

@@ -39,12 +39,12 @@ _EXPORTS = {
     "ScheduleConfig": "config.model",
     "TorchstepProfError": "errors",
     "TorchstepProfWarning": "errors",
-    "TraceName": "traces.names",
+    "TraceName": "naming",
     "TraceRecord": "summary.records",
     "TraceWriteWarning": "errors",
     "apply_overrides": "config.overrides",
     "begin_step": "regions",
-    "build_trace_name": "traces.names",
+    "build_trace_name": "naming",
     "configure": "scopes",
     "contents": "scopes",
     "dump_config": "config.files",
@@ -56,7 +56,7 @@ _EXPORTS = {
     "metrics": "scopes",
     "on_demand": "scopes",
     "on_finish": "scopes",
-    "parse_trace_name": "traces.names",
+    "parse_trace_name": "naming",
     "print_summary": "summary.exit_table",
     "profile_region": "regions",
     "profiled": "regions",
@@ -128,7 +128,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         TorchstepProfWarning,
         TraceWriteWarning,
     )
-    from .traces.names import TraceName, build_trace_name, parse_trace_name
+    from .naming import TraceName, build_trace_name, parse_trace_name
     from .config.overrides import apply_overrides
     from .summary.records import HookRecord, ProfilingCosts, ProfilingRecords, TraceRecord, records
     from .regions import begin_step, end_step, profile_region, profiled, step

@@ -23,7 +23,8 @@ from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfW
 from .recording.range_names import range_name
 from .recording.nvtx import NvtxRange
 from .recording.session import TraceSession, entered, new_range
-from .recording.slot import FOREIGN, OwnedTrace, ProfilerSlot
+from .recording.slot import FOREIGN, ProfilerSlot
+from .recording.stopped import Outcome, StoppedTrace
 from .region_metrics.endpoint import when_started as when_metrics_start
 from .selection import open_blocks, steps
 from .selection.frames import Frame, HookScope, when_env_sets_a_hook
@@ -47,45 +48,11 @@ class Engine:
         self.slot = ProfilerSlot(self.warn_once, self._warmed)
         self._writer: Optional[TraceWriter] = None  # made with the first trace: see writer
         self.warm_up_deferred = False  # torchstep-prof run warms up near its first selected step
-        self.counters = steps.COUNTERS  # role -> stage -> counter (selection/steps.py)
         self._atexit_registered = False
         # Hook scopes finished while a trace was recording: started once it is written.
         self._deferred_finishes: list[tuple[HookScope, Any]] = []
         self._warned: set[str] = set()
         self.summary_wanted = True  # the ``summary`` field of the last config that profiled
-
-    # The slot's state, as the engine's (the command line, zero-code and tests read these).
-    @property
-    def lock(self) -> threading.Lock:
-        return self.slot.lock
-
-    @property
-    def session(self) -> Optional[TraceSession]:
-        """The trace recording now, if any."""
-        return self.slot.session
-
-    @session.setter
-    def session(self, session: Optional[TraceSession]) -> None:  # tests drop a leaked one
-        if session is not None:
-            raise ValueError("only the profiler slot publishes a session")
-        self.slot.forget_session()
-
-    @property
-    def owner(self) -> Optional[OwnedTrace]:
-        """What stops the trace recording now (interpreter exit may have to)."""
-        return self.slot.owner
-
-    @property
-    def forked(self) -> bool:
-        return self.slot.forked
-
-    @property
-    def warmed(self) -> bool:
-        return self.slot.warmed
-
-    @warmed.setter
-    def warmed(self, value: bool) -> None:
-        self.slot.warmed = value
 
     @property
     def writer(self) -> TraceWriter:
@@ -163,11 +130,6 @@ class Engine:
         """Count occurrences afresh, as a new process would (tests running many jobs in one)."""
         steps.forget_occurrences()
 
-    @staticmethod
-    def count(role: str, stage: str) -> int:
-        """The next number of the per-process counter of (role, stage), from 1."""
-        return steps.count(role, stage)
-
     # --- the profiler window -----------------------------------------------------------------
 
     def _start(self, frame: Frame, role: Optional[str], stage: Optional[str], step: int, action: StepAction) -> Any:
@@ -195,8 +157,8 @@ class Engine:
             self._writer.wait_for_cuda_exports()
 
     def stop_session(self, session: TraceSession) -> None:
-        """Stop ``session`` (always), then hand it to the background writer when its step
-        records. Only torch's ``stop()`` runs here; the export runs on the writer thread. Never
+        """Stop ``session`` (always), then hand its record over: to the background writer when
+        it is to be written. Only torch's ``stop()`` runs here; the export runs on the writer thread. Never
         raises, except a KeyboardInterrupt (the trace is then still written or recorded)."""
         try:
             try:
@@ -211,43 +173,42 @@ class Engine:
 
     def _hand_over(self, session: TraceSession) -> None:
         # The export runs beside the next profiler: see writing/writer.py.
-        _store().add_costs(start_s=session.start_s, stop_s=session.stop_s)
-        if session.lost is not None:
-            self._record_lost(session)
-        elif session.action is StepAction.RECORD:
+        trace = session.stopped
+        if trace is None:  # its stop failed before its record was made (warned by stop_session)
+            return
+        _store().add_costs(start_s=trace.start_s, stop_s=trace.stop_s)
+        if trace.outcome is Outcome.LOST:
+            self._record_lost(trace)
+        elif trace.outcome is Outcome.WRITE or trace.outcome is Outcome.FAILED:
             # Also after a KeyboardInterrupt inside stop(): what was recorded is written, or its
             # failure recorded, never dropped silently.
-            self._queue_write(session)
+            self._queue_write(trace)
 
-    def _queue_write(self, session: TraceSession) -> None:
-        hook_scope: Optional[HookScope] = session.hook_scope
-        roles = session.file_roles
+    def _queue_write(self, trace: StoppedTrace) -> None:
+        def on_written(row: TraceRecord) -> None:  # on the writer thread, once the file is final
+            scope = trace.hook_scope
+            if scope is not None and row.path is not None:
+                scope.add_trace(row.path, trace.roles)
+                if row.memory_snapshot is not None:  # shipped with its trace
+                    scope.add_trace(row.memory_snapshot, trace.roles)
+            if trace.left_open:
+                _report_left_open(trace, row)
 
-        def on_written(record: TraceRecord) -> None:  # on the writer thread, once the file is final
-            if hook_scope is not None and record.path is not None:
-                hook_scope.add_trace(record.path, roles)
-                if record.memory_snapshot is not None:  # shipped with its trace
-                    hook_scope.add_trace(record.memory_snapshot, roles)
-            if session.left_open:
-                session.report_left_open(record)
-
-        self.writer.write(session, on_written)
+        self.writer.write(trace, on_written)
 
     def drop_running_trace(self) -> None:
         """Let the trace recording now end without a file (``torchstep-prof run`` drops a step
         that no optimizer step ended: it is not a step's trace)."""
         session = self.slot.session
         if session is not None:
-            session.action = StepAction.WARMUP  # recorded, stopped, not written
+            session.discard()
 
-    def _record_lost(self, session: TraceSession) -> None:
-        warn(
-            f"torchstep_prof: trace of step {session.step} not written: {session.lost}",
-            ForeignProfilerWarning,
-            stacklevel=6,
-        )
-        if session.action is StepAction.RECORD and session.lost is not None:
-            session.record_unwritten(session.lost)
+    @staticmethod
+    def _record_lost(trace: StoppedTrace) -> None:
+        reason = trace.reason or "lost"
+        warn(f"torchstep_prof: trace of step {trace.name.step} not written: {reason}", ForeignProfilerWarning)
+        if trace.kept:
+            _store().add_trace(trace.unwritten_row(reason))
 
     def warm_up(self, contents: tuple[str, ...] = ()) -> None:
         """Pay torch.profiler's one-time start-up costs now, outside any step, instead of inside
@@ -379,6 +340,18 @@ def _rearmed_on_interrupt(finished: list[tuple[HookScope, Any]]) -> Iterator[Non
                 if not scope.hook_started:
                     scope.finished = False
         raise
+
+
+def _report_left_open(trace: StoppedTrace, row: TraceRecord) -> None:
+    """The trace's owning region stayed open after its step ended (a generator suspended
+    inside it): the summary says so, naming the trace later steps' work landed in."""
+    where = row.path if row.path is not None else f"a trace not written ({row.error})"
+    later = f"; step(s) {', '.join(map(str, trace.later_steps))} ran inside it" if trace.later_steps else ""
+    _store().add_attention(
+        f"left-open:{id(trace)}",
+        f"region {row.role}/{row.stage} of step {trace.name.step} stayed open after its step "
+        f"ended (a suspended generator?){later}: what ran meanwhile landed in its trace {where}",
+    )
 
 
 def _store() -> Any:

@@ -9,13 +9,12 @@ deferred hooks run and are waited for, and the summary prints. (What a fork does
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from .errors import TorchstepProfWarning, TraceWriteWarning, warn
-from .recording.slot import OwnedTrace
+from .recording.slot import OwnedTrace, ProfilerSlot
 from .selection import open_blocks
 from .selection.frames import Frame, HookScope, env_hook_scope, frame_if_read
-from .selection.rules import StepAction
 
 
 class Engine(Protocol):
@@ -23,12 +22,7 @@ class Engine(Protocol):
     this module, so it is not imported here)."""
 
     summary_wanted: bool
-
-    @property
-    def forked(self) -> bool: ...
-
-    @property
-    def owner(self) -> Optional[OwnedTrace]: ...
+    slot: ProfilerSlot
 
     def report_missed(self, frame: Frame) -> None: ...
 
@@ -50,7 +44,7 @@ def close_open_blocks(engine: Engine) -> None:
     a schedule still in force (the environment's, or a scope never exited)."""
     try:
         open_blocks.end_all()
-        owner = engine.owner
+        owner = engine.slot.owner
         if owner is not None and owner.session.owner_thread == threading.get_ident():
             owner.__exit__(None, None, None)
         elif owner is not None:
@@ -74,13 +68,13 @@ def _lose_at_exit(owner: OwnedTrace) -> None:
     reason = f"still recording in {where} at interpreter exit (torch can only stop it in that thread)"
     label = f"{session.owner_role}/{session.owner_stage}" if not session.fused else "fused trace"
     warn(f"torchstep_prof: {label} trace of step {session.step} not written: {reason}", TraceWriteWarning, stacklevel=2)
-    if session.action is StepAction.RECORD:
+    if session.keep:
         session.record_unwritten(reason)
 
 
 def at_exit(engine: Engine) -> None:
     """The engine's interpreter-exit work (registered by ``Engine.ensure_atexit``)."""
-    if engine.forked:
+    if engine.slot.forked:
         return
     written = True
     try:

@@ -14,7 +14,7 @@ import attrs
 
 from ..rendering import safe_text
 from ..traces.files import TraceFilter, TraceInfo, Unreadable, find_trace_files, scan_traces
-from ..traces.names import parse_trace_name
+from ..naming import parse_trace_name
 
 if TYPE_CHECKING:
     from rich.console import Console

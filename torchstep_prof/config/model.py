@@ -399,7 +399,7 @@ def _check_contents(key: str, value: Any) -> list[Problem]:
 
 
 def _check_role(key: str, value: Any) -> list[Problem]:
-    # Any text names a file (traces/names.py encodes one with nothing left after sanitizing).
+    # Any text names a file (naming.py encodes one with nothing left after sanitizing).
     if not isinstance(value, str) or not value:
         return [Problem(key, f"must be a non-empty string or null (got {value!r})")]
     return []

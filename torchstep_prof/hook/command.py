@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Optional, Sequence, Tuple, Union
 import attrs
 
 from ..config.model import FinishHookConfig
-from ..traces.names import sanitize_label
+from ..naming import sanitize_label
 from ..summary.records import STORE, HookRecord
 from .process import HookInterrupt, display, kill_running_hooks, run_command, warn_hook
 from .relocate import relocate_traces

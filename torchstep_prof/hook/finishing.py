@@ -1,9 +1,7 @@
 """When profiling under an ``on_finish`` scope is finished: run its hook, on a thread of its own.
 
-When profiling under an ``on_finish`` scope is finished: pick the ranks, wait for node-mates,
-run the hook — in the background unless the scope asked to wait.
-
-The engine calls :func:`finish` exactly once per scope, after every trace recording around that
+It picks the ranks, waits for node-mates and runs the hook, in the background unless the scope
+asked to wait. The engine calls :func:`finish` exactly once per scope, after every trace recording around that
 point has stopped. The hook thread first waits for the trace writer (every trace of the process
 is on disk before the command starts), then, for ``per_node`` hooks, marks this rank finished and
 waits for its node-mates, then runs the command. Training goes on meanwhile: a slow upload can
@@ -18,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional
 
 import attrs
 
@@ -80,13 +78,13 @@ def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Call
 
     A Ctrl-C while waiting (``wait=True``) stops the hook and reaches the caller: a command not
     started yet never starts (its scope can finish again), a running one is killed and recorded."""
-    from .process import HookInterrupt
+    from .process import HookInterrupt, display
 
     config = scope.config
     hook = config.finish_hook
     if hook is None or not config.enable:
         return
-    run = _HookRun(f"finish hook on rank {current_topology().rank} ({_short(hook.cmd)})")
+    run = _HookRun(f"finish hook on rank {current_topology().rank} ({display(hook.cmd, limit=60)})")
     interrupt = HookInterrupt()
 
     def on_its_thread() -> None:
@@ -230,10 +228,3 @@ def _print(line: str) -> None:
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
         pass
-
-
-def _short(cmd: str | Sequence[str], limit: int = 60) -> str:
-    import shlex
-
-    text = cmd if isinstance(cmd, str) else shlex.join(cmd)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

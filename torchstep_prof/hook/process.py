@@ -268,6 +268,7 @@ def _signal_group(group: int, signum: int) -> bool:
 
 
 def display(cmd: Union[str, Tuple[str, ...]], limit: int = 200) -> str:
+    """``cmd`` as one line of text (a list joined as a shell would quote it), cut to ``limit``."""
     text = cmd if isinstance(cmd, str) else shlex.join(cmd)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -15,7 +15,7 @@ import shutil
 from typing import Iterable, Union
 
 from ..errors import FinishHookWarning, warn
-from ..traces.names import TRACE_SUFFIXES, with_part
+from ..naming import TRACE_SUFFIXES, with_part
 
 __all__ = ["RELOCATED_NAME_FORMAT", "relocate_traces", "relocated_name"]
 

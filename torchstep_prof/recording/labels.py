@@ -1,7 +1,7 @@
 """Region labels at first sight: one check, the same with metrics alone or under a schedule.
 
 A label never fails a region: one that is not a string is used as its text (one warning), and
-one that sanitizes to nothing is named by its encoded form (``traces/names.py``). Two labels
+one that sanitizes to nothing is named by its encoded form (``naming.py``). Two labels
 that name the same files (``actor_1`` and ``actor-1`` both become ``actor-1``) would merge in
 every command-line group, so the second one seen gets one warning naming both. The check runs
 once per distinct pair (regions cache its result), so turning profiling on never changes what a
@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from ..errors import LabelWarning, warn
-from ..traces.names import fit_label, label_text, sanitize_label
+from ..naming import fit_label, label_text, sanitize_label
 
 __all__ = ["check_labels"]
 

@@ -6,7 +6,7 @@ metrics make, warnings on first sight, never an error) and made safe for torch's
 
 from __future__ import annotations
 
-from ..traces.names import range_label
+from ..naming import range_label
 from .labels import check_labels
 
 __all__ = ["RANGE_NAMES", "range_name"]

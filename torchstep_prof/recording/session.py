@@ -1,7 +1,9 @@
-"""One torch profiler window: started by the block that owns a trace, stopped when it exits.
+"""One torch profiler window, live: started by the block that owns a trace, stopped when it exits.
 
 A session holds the torch ``profile`` object, the ``ProfilerStep#<n>`` range spanning the owning
-block, the owner's own ``<role>/<stage>`` range, and what the file name and metadata need.
+block, the owner's own ``<role>/<stage>`` range and other threads' spans while the trace records.
+Its stop leaves a frozen :class:`~torchstep_prof.recording.stopped.StoppedTrace`, the only thing
+the engine, the writer, the hook and the summary read of it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch.profiler import ProfilerActivity, record_function
@@ -23,22 +25,16 @@ from .memory_history import MemoryHistory
 from .nvtx import NvtxRange, nvtx_wanted
 from .foreign import disturbed_since, kineto_recording, mark_own, new_own_profile, profiles_state, settle_own_profile
 from .spans import SpanLog, ThreadSpan, running_task
+from .stopped import Outcome, StoppedTrace, decide_outcome
 from ..config.model import ProfilerConfig
 from ..errors import TorchstepProfWarning, warn
-from ..traces.names import fit_label, range_label, sanitize_label
+from ..naming import METADATA_KEY, TraceName, name_trace, range_label, trace_roles
 from ..selection.rules import StepAction
 from ..selection.step_meaning import step_meaning
 from ..topology import Topology, distributed_initialized
 
-if TYPE_CHECKING:
-    from ..summary.records import TraceRecord
-
 __all__ = ["TraceSession", "entered", "new_range", "profiler_kwargs", "records_cuda"]
 
-FUSED_STAGE = "train"
-FUSED_DEFAULT_ROLE = "main"
-_MAX_FUSED_ROLE = 100  # with a stage of at most 80 (traces/names.py MAX_LABEL): under 255 bytes
-METADATA_KEY = "torchstep_prof"
 INTERRUPTED_STOP = "interrupted by Ctrl-C while torch stopped the profiler, which lost what it recorded"
 
 # ``new_range(name)``: a range for the running trace, as a context manager not yet entered.
@@ -95,7 +91,8 @@ def profiler_kwargs(contents: tuple[str, ...]) -> dict[str, Any]:
 
 
 class TraceSession:
-    """The profiler window of one owned trace (a discrete region, or a fused ``step`` block)."""
+    """The live profiler window of one owned trace (a discrete region, or a fused ``step``
+    block); :meth:`stop` ends it and leaves :attr:`stopped`."""
 
     def __init__(
         self,
@@ -114,13 +111,14 @@ class TraceSession:
         self.owner_stage = stage
         self.owner_range: Optional[str] = None  # the owning region's range name, once started
         self.step = step
-        self.action = action
+        self.keep = action is StepAction.RECORD  # a warm-up window records, never kept
         self.topology = topology
         self.hook_scope = hook_scope
         self.roles: list[str] = [] if role is None else [role]
-        # The k-th trace of this (role, stage) in this step of the process (SPEC: Occurrences),
-        # and, for a region that owns it, the step block it was entered in, whether it was still
-        # open when that block ended, and the steps that began while it was (set by the engine).
+        # The k-th trace of this (role, stage) in this step of the process (docs/scopes-and-regions.md,
+        # occurrences), and, for a region that owns it, the step block it was entered in,
+        # whether it was still open when that block ended, and the steps that began while it was
+        # (set by the engine).
         self.occurrence = 1
         self.step_block: Any = None
         self.left_open = False
@@ -132,25 +130,18 @@ class TraceSession:
         self.owner_task = running_task()
         self.started_at = _dt.datetime.now(_dt.timezone.utc)
         self._t0 = 0.0
-        # Until the writer reads the file's ProfilerStep range (the one wall time: see
-        # writing/range_marks.py), the block's time as this session measured it.
-        self.wall_s = 0.0
         self.start_s = 0.0
-        self.stop_s = 0.0
         self._profile: Optional[Profile] = None
         self._profiles_at_start: tuple[Any, ...] = ()  # foreign.profiles_state() once started
-        self.lost: Optional[str] = None  # why the trace cannot be written (another profiler)
-        # Why torch's stop left nothing to export (the writer records it as the trace's failure).
-        self.no_output: Optional[str] = None
         self._ranges = contextlib.ExitStack()
         # contents("nvtx"): regions also push NVTX ranges (nvtx.py); contents("memory_snapshot"):
         # the CUDA allocator's history of this window (memory_history.py), handed to the writer.
         self.nvtx = nvtx_wanted(config.contents)
         self.memory_history = MemoryHistory.wanted(config.contents)
-        self.memory_snapshot: Optional[dict[str, Any]] = None
         # Other threads' and tasks' regions; also guards ``roles``, frozen when the trace stops
         # (a role added later is in neither the file name nor the metadata).
         self.spans = SpanLog(self.owner_thread, self.roles)
+        self.stopped: Optional[StoppedTrace] = None  # the trace's record, once stopped
 
     def owns_here(self) -> bool:
         """Whether a region entered here may be a torch range: in the owner's thread and task."""
@@ -166,74 +157,37 @@ class TraceSession:
             span = ThreadSpan(self.spans, name)
         return NvtxRange(name, span, nested=False) if self.nvtx else span
 
-    # --- labels -------------------------------------------------------------------------------
-
     def add_role(self, role: str) -> None:
         """A region of the owner's thread and task entered a fused trace."""
         if role not in self.roles:
-            self.spans.add_role(role)  # any label names a file (traces/names.py): nothing to check
+            self.spans.add_role(role)  # any label names a file (naming.py): nothing to check
 
-    @property
-    def file_role(self) -> str:
-        if not self.fused:
-            return fit_label(sanitize_label(self.owner_role or "", "role"))
-        if self.config.process_role is not None:
-            return fit_label(sanitize_label(self.config.process_role, "process_role"))
-        labels = list(dict.fromkeys(fit_label(sanitize_label(r, "role")) for r in self.roles))
-        joined = "-".join(labels)
-        if len(joined) > _MAX_FUSED_ROLE:
-            # File names are limited to 255 bytes: keep the first roles, count the rest.
-            kept: list[str] = []
-            while labels and len("-".join(kept + labels[:1])) <= _MAX_FUSED_ROLE - 6:
-                kept.append(labels.pop(0))
-            joined = "-".join(kept) + f"+{len(labels)}-more"
-        return joined or FUSED_DEFAULT_ROLE
+    def discard(self) -> None:
+        """Let this trace end without a file (``torchstep-prof run`` drops a step that no
+        optimizer step ended): it records and stops as usual, its outcome is DISCARD."""
+        self.keep = False
 
-    @property
-    def file_stage(self) -> str:
-        return FUSED_STAGE if self.fused else fit_label(sanitize_label(self.owner_stage or "", "stage"))
-
-    @property
-    def file_roles(self) -> tuple[str, ...]:
-        """The individual roles as file names write them (for the hook's environment)."""
-        if self.fused and self.config.process_role is None:
-            return tuple(dict.fromkeys(fit_label(sanitize_label(r, "role")) for r in self.roles)) or (
-                FUSED_DEFAULT_ROLE,
-            )
-        return (self.file_role,)
+    def identity(self) -> tuple[TraceName, tuple[str, ...]]:
+        """The trace's name and its roles as file names write them (see naming.py)."""
+        roles = trace_roles(self.owner_role, self.roles, self.config.process_role)
+        name = name_trace(
+            roles=roles,
+            stage=None if self.fused else (self.owner_stage or ""),
+            step=self.step,
+            rank=self.topology.rank,
+            world_size=self.topology.world_size,
+            pid=os.getpid(),
+            timestamp=self.started_at,
+            gzip=self.config.gzip,
+        )
+        return name, roles
 
     def record_unwritten(self, error: str) -> None:
-        """This trace has no file (the profiler failed to start, another profiler ended it, it
-        was still recording in another thread at exit): a row of the summary, labelled as its
-        file would have been."""
-        from ..summary.records import STORE, TraceRecord
-
-        STORE.add_trace(
-            TraceRecord(
-                role=self.file_role,
-                stage=self.file_stage,
-                step=self.step,
-                rank=self.topology.rank,
-                world_size=self.topology.world_size,
-                discrete=not self.fused,
-                path=None,
-                occurrence=self.occurrence,
-                error=error,
-            )
-        )
-
-    def report_left_open(self, record: TraceRecord) -> None:
-        """This trace's owning region stayed open after its step ended (a generator suspended
-        inside it): the summary says so, naming the trace later steps' work landed in."""
+        """This trace has no file (the profiler failed to start, it was still recording in
+        another thread at exit): a row of the summary, labelled as its file would have been."""
         from ..summary.records import STORE
 
-        where = record.path if record.path is not None else f"a trace not written ({record.error})"
-        later = f"; step(s) {', '.join(map(str, self.later_steps))} ran inside it" if self.later_steps else ""
-        STORE.add_attention(
-            f"left-open:{id(self)}",
-            f"region {record.role}/{record.stage} of step {self.step} stayed open after its step "
-            f"ended (a suspended generator?){later}: what ran meanwhile landed in its trace {where}",
-        )
+        STORE.add_trace(self._record(decide_outcome(kept=self.keep, lost=error)).unwritten_row(error))
 
     # --- the window -------------------------------------------------------------------------
 
@@ -276,19 +230,22 @@ class TraceSession:
 
     def stop(self) -> None:
         """Close the ranges, attach the metadata, stop torch's profiler (always: also when a
-        step of this raises, with the metadata attached all the same)."""
+        step of this raises, with the metadata attached all the same), and leave the trace's
+        record in :attr:`stopped`, its outcome decided (also when torch's stop raised)."""
         t0 = time.perf_counter()
-        self.wall_s = t0 - self._t0
+        wall_s = t0 - self._t0
         prof = self._profile
         settled = prof is None  # torch's profiler stopped, or left to the user's that took it over
         described = False  # the metadata is attached
+        lost: Optional[str] = None  # why the trace cannot be written (another profiler)
+        failed: Optional[str] = None  # why torch's stop left nothing to export
         try:
             self.spans.stop()  # before the metadata: the roles it names are final from here on
             if prof is not None and not kineto_recording():
                 # A user's profiler opened and closed inside this trace ended our Kineto session
                 # too ("stopping either turns both off"): stopping or exporting now would crash.
                 settled = True
-                self.lost = "another torch profiler started and stopped inside it, which ended its recording"
+                lost = "another torch profiler started and stopped inside it, which ended its recording"
                 with contextlib.suppress(Exception):
                     self._ranges.close()  # ending a range after Kineto stopped is harmless
                 return
@@ -300,7 +257,7 @@ class TraceSession:
                 # record yet (stopping either ends both: their export would crash instead).
                 settled = True
                 reason, theirs_records = disturbed
-                self.lost = f"{reason} and took over its recording"
+                lost = f"{reason} and took over its recording"
                 with contextlib.suppress(Exception):
                     self._ranges.close()
                 if not theirs_records and prof is not None:
@@ -308,63 +265,89 @@ class TraceSession:
                         prof.stop()
                 return
             self._ranges.close()
-            if prof is not None and self.action is StepAction.RECORD:
+            if prof is not None and self.keep:
                 self._add_metadata(prof)
                 described = True
         finally:
+            snapshot: Optional[dict[str, Any]] = None
             try:
                 if prof is not None and not settled:
                     try:
-                        if self.action is StepAction.RECORD and not described:
+                        if self.keep and not described:
                             # A Ctrl-C landed before the metadata was attached: the file must
                             # still say whose trace it is (attaching a key again replaces it).
                             self._ranges.close()
                             self._add_metadata(prof)
                     finally:
-                        self._stop_torch(prof)
+                        try:
+                            prof.stop()
+                        except BaseException as exc:
+                            # A Ctrl-C (or a failure) inside torch's stop, which takes seconds for
+                            # a big trace: finish stopping, so that the next region profiles, then
+                            # propagate. What survived is written; what torch lost is the trace's
+                            # recorded failure, not a silent gap.
+                            if not settle_own_profile(prof, stopping=True):
+                                failed = (
+                                    INTERRUPTED_STOP
+                                    if isinstance(exc, KeyboardInterrupt)
+                                    else f"torch's stop failed: {exc!r}"
+                                )
+                            raise
             finally:
                 if self.memory_history is not None:
                     # After torch's stop (which must happen whatever this does); never raises.
                     # The history is cleared either way, so the next window starts empty.
-                    take = self.action is StepAction.RECORD and self.lost is None
-                    self.memory_snapshot = self.memory_history.stop(take=take)
-                self.stop_s = time.perf_counter() - t0
+                    snapshot = self.memory_history.stop(take=self.keep and lost is None)
+                outcome = decide_outcome(kept=self.keep, lost=lost, failed=failed)
+                results, self._profile = self._profile, None  # the record holds them from here on
+                self.stopped = self._record(outcome, wall_s, time.perf_counter() - t0, results, snapshot)
 
-    def _stop_torch(self, prof: Profile) -> None:
-        try:
-            prof.stop()
-        except BaseException as exc:
-            # A Ctrl-C (or a failure) inside torch's stop, which takes seconds for a big trace:
-            # finish stopping, so that the next region profiles, then propagate. What survived
-            # is written; what torch lost is the trace's recorded failure, not a silent gap.
-            if not settle_own_profile(prof, stopping=True):
-                self.no_output = (
-                    INTERRUPTED_STOP if isinstance(exc, KeyboardInterrupt) else f"torch's stop failed: {exc!r}"
-                )
-            raise
+    def _record(
+        self,
+        outcome: tuple[Outcome, Optional[str]],
+        wall_s: float = 0.0,
+        stop_s: float = 0.0,
+        results: Optional[Profile] = None,
+        snapshot: Optional[dict[str, Any]] = None,
+    ) -> StoppedTrace:
+        """The frozen record of this trace (``outcome`` from :func:`decide_outcome`)."""
+        name, roles = self.identity()
+        return StoppedTrace(
+            name=name,
+            roles=roles,
+            discrete=not self.fused,
+            occurrence=self.occurrence,
+            save_path=self.config.save_path,
+            outcome=outcome[0],
+            reason=outcome[1],
+            kept=self.keep,
+            wall_s=wall_s,
+            start_s=self.start_s,
+            stop_s=stop_s,
+            results=results,
+            spans=self.spans,
+            owner_range=self.owner_range,
+            records_cuda=records_cuda(self.config.contents),
+            memory_snapshot=snapshot,
+            hook_scope=self.hook_scope,
+            left_open=self.left_open,
+            later_steps=tuple(self.later_steps),
+        )
 
     @property
     def profile(self) -> Optional[Profile]:
+        """torch's profile while the trace records (the record holds it once stopped)."""
         return self._profile
-
-    def release(self) -> None:
-        """Drop torch's results once the trace is written or failed: they hold every event,
-        and, after a failed export (a full disk), torch's ``.tmp`` file open, so its space
-        would stay taken until a garbage collection found the profile object."""
-        prof, self._profile = self._profile, None
-        self.memory_snapshot = None
-        inner = getattr(prof, "profiler", None)
-        if inner is not None and hasattr(inner, "kineto_results"):
-            inner.kineto_results = None
 
     def _add_metadata(self, prof: Profile) -> None:
         rank, world = self.topology.rank, self.topology.world_size
         if not distributed_initialized():
             # torch writes distributedInfo only with a process group; HTA reads the rank there.
             prof.add_metadata_json("distributedInfo", json.dumps({"rank": rank, "world_size": world}))
+        name, _ = self.identity()
         metadata = {
-            "role": self.file_role,
-            "stage": self.file_stage,
+            "role": name.role,
+            "stage": name.stage,
             "step": self.step,
             "occurrence": self.occurrence,
             "rank": rank,

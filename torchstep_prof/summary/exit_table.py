@@ -12,7 +12,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
 
-from ..traces.names import TraceName, format_timestamp, parse_trace_name
+from ..naming import TraceName, format_timestamp, parse_trace_name
 from .records import HookRecord, ProfilingRecords, TraceRecord, records
 
 if TYPE_CHECKING:  # rich costs ~70 ms to import: only when a summary is printed

@@ -16,7 +16,7 @@ import attrs
 
 from .events import op_stats_by_region
 from .files import TraceInfo, TraceReadError, Unreadable, load_trace
-from .names import sanitize_label
+from ..naming import sanitize_label
 
 __all__ = ["DiffResult", "OpChange", "RegionChange", "diff_to_dict", "diff_traces", "side_stats"]
 

@@ -3,7 +3,7 @@
 A torchstep_prof trace is a torch.profiler Chrome trace whose top level also carries a
 ``torchstep_prof`` object (role, stage, step, occurrence, rank, world_size, pid, discrete) and
 ``distributedInfo``. Older or renamed files fall back to the file name
-(:func:`~torchstep_prof.traces.names.parse_trace_name`) and then to ``distributedInfo`` for the rank; a
+(:func:`~torchstep_prof.naming.parse_trace_name`) and then to ``distributedInfo`` for the rank; a
 trace without an ``occurrence`` is occurrence 1. Scanning reads one file at a time, so memory stays
 bounded by the largest file, and reports files it cannot use, whatever the parser raised, instead
 of raising.
@@ -23,7 +23,7 @@ from .gpu_time import gpu_busy_ms
 from .fused import FusedRegions, RegionSpan, RegionTopOps, read_fused_regions
 from .loading import TraceReadError, describe_error as _describe, load_trace
 from .memory_events import MemoryUse, read_memory
-from .names import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
+from ..naming import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
 
 __all__ = [
     "OpTime",

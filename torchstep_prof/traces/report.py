@@ -19,7 +19,7 @@ from .collectives import CollectiveWaits, find_waits
 from .diff import DiffResult
 from .findings import FINDINGS_DEPTH, Finding, find_findings
 from .memory import RegionMemory, find_memory
-from .names import parse_trace_name
+from ..naming import parse_trace_name
 from .runs import OtherRun
 from .summarize import DEFAULT_STRAGGLER_RATIO, Summary, summarize, trim_summary
 from .files import OpTime, TraceInfo, Unreadable, started_at

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import attrs
 
 from .._shared_files import read_capped
-from ..traces.names import fit_label, sanitize_label
+from ..naming import fit_label, sanitize_label
 
 __all__ = ["MAX_SERVED", "MAX_STATUS_BYTES", "MAX_STATUS_FILES", "RankStatus", "read_statuses", "status_path"]
 

@@ -1,8 +1,5 @@
 """Finishing torch's exported JSON in place: whole, with spans, pointing at its final name.
 
-Finishing torch's exported JSON in place: check it is whole, add other threads' spans, and
-point ``traceName`` at the final file.
-
 torch writes ``{ <metadata>, "traceEvents": [ <events> ],"traceName": "<path>" }`` with the path
 unescaped (a ``"`` in it makes the file invalid JSON) and naming the temporary file. Rewriting a
 50 MB file to fix that would cost as much as the export, so only the tail is rewritten: the end

@@ -1,11 +1,11 @@
-"""Writing stopped sessions' traces on one background thread: complete files or none, in order.
+"""Writing stopped traces on one background thread: complete files or none, in order.
 
-The block that ends a trace only stops torch's profiler and hands the session to
-:meth:`TraceWriter.write`; one writer thread per process then exports the JSON (torch's
+The block that ends a trace only stops torch's profiler and hands its record (a
+:class:`~torchstep_prof.recording.stopped.StoppedTrace`) to :meth:`TraceWriter.write`; one writer thread per process then exports the JSON (torch's
 ``export_chrome_trace`` of the stopped results, which releases the GIL and runs safely while a
 new profiler starts, records and stops: tests/workers/export_while_recording.py proves it under
 threads, asyncio and repeated windows), finishes its tail (other threads' spans,
-``traceName``), compresses it, and gives it its name. Files are written in the order the traces
+``traceName``), compresses it, and gives it the name the record holds. Files are written in the order the traces
 ended. When more than :data:`MAX_PENDING` traces wait, the next trace end waits for the writer,
 so memory stays bounded. :meth:`TraceWriter.flush` waits for every trace ended so far; the scope
 exit, the finish hook, ``tsp.flush()`` and interpreter exit call it.
@@ -28,7 +28,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import attrs
 
@@ -38,14 +38,14 @@ from .range_marks import mark_region_ranges
 from .temp_files import WorkFolder, host_label, remove, remove_dead_temporaries
 from .trace_tail import TraceTailError, finish_tail, set_trace_name
 from ..errors import TraceWriteWarning, warn
-from ..traces.names import TraceName, build_trace_name, with_part
+from ..naming import TraceName, build_trace_name
 from ..summary.records import STORE, TraceRecord
 from ..recording.interrupts import interruptible
 from ..recording.range_names import RANGE_NAMES
-from ..recording.session import TraceSession, records_cuda
+from ..recording.stopped import Outcome, StoppedTrace
 from ..traces.gpu_time import trace_gpu_ms
 
-__all__ = ["MAX_PENDING", "TraceWriter", "TraceWriteWarning"]
+__all__ = ["MAX_PENDING", "OnWritten", "TraceWriter", "TraceWriteWarning"]
 
 MAX_PENDING = 4
 """Traces waiting for the writer beyond which the next trace end waits (each holds torch's
@@ -53,26 +53,20 @@ results in memory until written)."""
 _GZIP_LEVEL = 6  # level 9 (torch's choice) costs ~2x the time for ~5% smaller files
 
 
+OnWritten = Callable[[TraceRecord], None]
+"""Called on the writer thread with the summary's row once a trace's file is final."""
+
+
 class _ExportFailed(Exception):
     pass
 
 
+@attrs.frozen
 class _Job:
-    """One stopped session waiting for the writer."""
+    """One stopped trace waiting for the writer."""
 
-    __slots__ = ("session", "record", "name", "on_written")
-
-    def __init__(
-        self,
-        session: TraceSession,
-        record: TraceRecord,
-        name: TraceName,
-        on_written: Callable[[TraceRecord], None],
-    ) -> None:
-        self.session = session
-        self.record = record
-        self.name = name
-        self.on_written = on_written
+    trace: StoppedTrace
+    on_written: OnWritten
 
 
 class TraceWriter:
@@ -95,17 +89,15 @@ class TraceWriter:
 
     # --- public -------------------------------------------------------------------------------
 
-    def write(self, session: TraceSession, on_written: Callable[[TraceRecord], None]) -> None:
-        """Queue the stopped ``session`` for writing; ``on_written`` gets the record on the
+    def write(self, trace: StoppedTrace, on_written: OnWritten) -> None:
+        """Queue the stopped ``trace`` for writing; ``on_written`` gets its summary row on the
         writer thread once the file is final. Failures are warned about once per kind and
         recorded. Waits (back-pressure) while more than :data:`MAX_PENDING` traces are queued;
         a KeyboardInterrupt there leaves the trace queued, to be written."""
-        name = self._name_for(session)
-        job = _Job(session, self._record_for(session, name), name, on_written)
         with self._lock:
-            self._queue.append(job)
+            self._queue.append(_Job(trace, on_written))
             self._queued += 1
-            if records_cuda(session.config.contents):
+            if trace.records_cuda:
                 self._cuda_target = self._queued
             self._changed.notify_all()
             target = self._queued - MAX_PENDING
@@ -202,9 +194,9 @@ class TraceWriter:
         try:
             self._write_now(job)
         except BaseException as exc:  # never let the writer thread die with work queued
-            self._fail(job.record, f"unexpected error while writing: {exc!r}", 0.0)
+            self._fail(job.trace.row(), f"unexpected error while writing: {exc!r}", 0.0)
         finally:
-            job.session.release()
+            _release(job.trace.results)
             with self._lock:
                 self._queue.popleft()
                 self._done += 1
@@ -238,27 +230,26 @@ class TraceWriter:
 
     def _write_now(self, job: _Job) -> None:
         t0 = time.perf_counter()
-        session, record, name = job.session, job.record, job.name
-        folder = session.config.save_path
+        trace = job.trace
+        record, name, folder = trace.row(), trace.name, trace.save_path
         work: Optional[WorkFolder] = None
         try:
             self._prepare_folder(folder)
             work = WorkFolder(folder, self._host, os.getpid())
             raw_path = work.file("trace.json")
-            self._export(session, raw_path)
-            step_s = mark_region_ranges(raw_path, _range_names(session), session.step)
+            self._export(trace, raw_path)
+            step_s = mark_region_ranges(raw_path, _range_names(trace), name.step)
             if step_s is not None:  # the file's own wall time, the one `ls` and `summarize` read
                 record = attrs.evolve(record, wall_s=step_s)
-            final_name = build_trace_name(name)
-            target = self._free_target(folder, final_name)
+            target = self._free_target(folder, name)
             try:
-                size = finish_tail(raw_path, os.path.abspath(target), session.spans)
+                size = finish_tail(raw_path, os.path.abspath(target), trace.spans)
             except TraceTailError as exc:
                 raise _ExportFailed(str(exc)) from None
-            gpu_ms = _gpu_ms(session, raw_path)
+            gpu_ms = _gpu_ms(trace, raw_path)
             export_s = time.perf_counter() - t0
-            path, size = self._claim(raw_path, folder, final_name, target, size, compress=name.gzip)
-            snapshot = self._snapshot(session, work.file("snapshot.pickle"), path)
+            path, size = self._claim(raw_path, folder, name, target, size)
+            snapshot = self._snapshot(trace, work.file("snapshot.pickle"), path)
         except (_ExportFailed, OSError) as exc:
             self._fail(record, _message(exc), t0, folder)
             return
@@ -268,13 +259,12 @@ class TraceWriter:
         record = attrs.evolve(record, gpu_ms=gpu_ms, memory_snapshot=snapshot)
         self._finish(record, path, size, export_s, job.on_written)
 
-    def _snapshot(self, session: TraceSession, temporary: str, path: str) -> Optional[str]:
-        """Write the session's CUDA memory snapshot next to its trace at ``path`` (if it has
-        one); a snapshot that cannot be kept is one warning per kind, the trace stays."""
-        snapshot, session.memory_snapshot = session.memory_snapshot, None
-        if snapshot is None:
+    def _snapshot(self, trace: StoppedTrace, temporary: str, path: str) -> Optional[str]:
+        """Write the trace's CUDA memory snapshot next to its file at ``path`` (if it has one);
+        a snapshot that cannot be kept is one warning per kind, the trace stays."""
+        if trace.memory_snapshot is None:
             return None
-        written, problem = write_snapshot(snapshot, temporary, path)
+        written, problem = write_snapshot(trace.memory_snapshot, temporary, path)
         if problem is not None:
             key = ("memory snapshot", "")  # one warning a process: each trace has its own
             with self._lock:
@@ -295,10 +285,10 @@ class TraceWriter:
             remove_dead_temporaries(folder, self._host)
 
     @staticmethod
-    def _export(session: TraceSession, raw_path: str) -> None:
-        prof = session.profile
-        if session.no_output is not None:
-            raise _ExportFailed(session.no_output)
+    def _export(trace: StoppedTrace, raw_path: str) -> None:
+        prof = trace.results
+        if trace.outcome is Outcome.FAILED:
+            raise _ExportFailed(trace.reason or "torch's stop failed")
         if prof is None:
             raise _ExportFailed("no profiler output to export")
         try:
@@ -310,12 +300,12 @@ class TraceWriter:
         if not os.path.exists(raw_path):
             raise _ExportFailed("torch wrote no complete trace (is the folder writable, the disk full?)")
 
-    def _free_target(self, folder: str, final_name: str, start: int = 0) -> str:
-        """The first name of ``final_name``, ``_part1``... that no file and no write of this
-        process holds; reserved for this write."""
+    def _free_target(self, folder: str, name: TraceName, start: int = 0) -> str:
+        """The first file name of ``name``, then with ``_part1``... that no file and no write of
+        this process holds; reserved for this write."""
         part = start
         while True:
-            target = os.path.join(folder, with_part(final_name, part))
+            target = os.path.join(folder, build_trace_name(attrs.evolve(name, part=part)))
             part += 1
             with self._lock:
                 if target in self._claimed or os.path.lexists(target):
@@ -323,11 +313,10 @@ class TraceWriter:
                 self._claimed.add(target)
                 return target
 
-    def _claim(
-        self, raw_path: str, folder: str, final_name: str, target: str, size: int, *, compress: bool
-    ) -> tuple[str, int]:
+    def _claim(self, raw_path: str, folder: str, name: TraceName, target: str, size: int) -> tuple[str, int]:
         """Give the finished file the name ``target`` (the next free one if another process
         took it meanwhile, with ``traceName`` following); returns its path and size."""
+        compress = name.gzip
         while True:
             source = raw_path
             if compress:
@@ -338,7 +327,7 @@ class TraceWriter:
             if _link(source, target):
                 return target, size  # the work folder, removed after, holds the other names
             # Another process took the name between the check and the link (rare): the next.
-            target = self._free_target(folder, final_name, 1)
+            target = self._free_target(folder, name, 1)
             if compress:
                 remove(source)
             try:
@@ -348,38 +337,7 @@ class TraceWriter:
 
     # --- records ------------------------------------------------------------------------------
 
-    @staticmethod
-    def _name_for(session: TraceSession) -> TraceName:
-        return TraceName(
-            role=session.file_role,
-            stage=session.file_stage,
-            step=session.step,
-            rank=session.topology.rank,
-            world_size=session.topology.world_size,
-            pid=os.getpid(),
-            timestamp=session.started_at,
-            gzip=session.config.gzip,
-        )
-
-    @staticmethod
-    def _record_for(session: TraceSession, name: TraceName) -> TraceRecord:
-        return TraceRecord(
-            role=name.role,
-            stage=name.stage,
-            step=name.step,
-            rank=name.rank,
-            world_size=name.world_size,
-            discrete=not session.fused,
-            path=None,
-            occurrence=session.occurrence,
-            wall_s=session.wall_s,
-            start_s=session.start_s,
-            stop_s=session.stop_s,
-        )
-
-    def _finish(
-        self, record: TraceRecord, path: str, size: int, export_s: float, on_written: Callable[[TraceRecord], None]
-    ) -> None:
+    def _finish(self, record: TraceRecord, path: str, size: int, export_s: float, on_written: OnWritten) -> None:
         final = attrs.evolve(record, path=path, size_bytes=size, export_s=export_s)
         STORE.add_costs(export_s=final.export_s)
         STORE.add_trace(final)
@@ -407,25 +365,34 @@ class TraceWriter:
             )
 
 
-def _gpu_ms(session: TraceSession, raw_path: str) -> Optional[float]:
+def _gpu_ms(trace: StoppedTrace, raw_path: str) -> Optional[float]:
     """The GPU time of a trace that recorded CUDA activity (read back from the exported file,
     on this thread: one rule with ``summarize``); None otherwise, or when it cannot be read."""
-    if not records_cuda(session.config.contents):
+    if not trace.records_cuda:
         return None
     try:
         with open(raw_path, "rb") as f:
-            trace = json.load(f)
-        return trace_gpu_ms(trace, session.step) if isinstance(trace, dict) else None
+            data = json.load(f)
+        return trace_gpu_ms(data, trace.name.step) if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
 
 
-def _range_names(session: TraceSession) -> set[str]:
+def _release(results: Any) -> None:
+    """Drop torch's results once the trace is written or failed: they hold every event, and,
+    after a failed export (a full disk), torch's ``.tmp`` file open, so its space would stay
+    taken until a garbage collection found the profile object."""
+    inner = getattr(results, "profiler", None)
+    if inner is not None and hasattr(inner, "kineto_results"):
+        inner.kineto_results = None
+
+
+def _range_names(trace: StoppedTrace) -> set[str]:
     """Every region range name the trace may hold: each (role, stage) pair seen so far (the
     table only grows; ``list()`` copies it whole while the training thread may add to it)."""
     names = {name for stages in list(RANGE_NAMES.values()) for name in list(stages.values())}
-    if session.owner_range is not None:
-        names.add(session.owner_range)
+    if trace.owner_range is not None:
+        names.add(trace.owner_range)
     return names
 
 

@@ -69,7 +69,7 @@ def parse_region(text: str) -> ModuleRegion:
     >>> parse_region("Linear").role
     'Linear'
     """
-    from ..traces.names import sanitize_label
+    from ..naming import sanitize_label
 
     class_name, equals, label = text.partition("=")
     class_name = class_name.strip()
@@ -277,7 +277,7 @@ class StepDriver:
         from ..engine import ENGINE
 
         # A request may name ranks the run's own --ranks do not: it warms up wherever it profiles.
-        if not ENGINE.warmed and (requested or self.frame.rank_selected()):
+        if not ENGINE.slot.warmed and (requested or self.frame.rank_selected()):
             self._watch.ignoring = True  # its throw-away window's ranges are ours
             try:
                 ENGINE.warm_up(self.frame.config.contents)

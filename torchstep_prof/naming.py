@@ -1,6 +1,8 @@
-"""Trace file names: the one builder, its exact inverse, and the label rules they share.
+"""Trace names: a trace's identity, its file name, the exact inverse, and the label rules.
 
-A trace is named ``<role>_<stage>_step<n>_rank<r>-of-<w>_pid<p>_<ts>.json`` (``.json.gz`` when
+:func:`name_trace` is where a trace is named (the runtime calls nothing else);
+:func:`build_trace_name` writes that identity as a file name, :func:`parse_trace_name` reads it
+back. A trace is named ``<role>_<stage>_step<n>_rank<r>-of-<w>_pid<p>_<ts>.json`` (``.json.gz`` when
 gzipped, ``_part<i>`` before the extension when the name was taken). Labels are sanitized to
 ``[0-9A-Za-z.=+-]`` so ``_`` only ever separates fields and no name can leave ``save_path``.
 """
@@ -10,17 +12,23 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+from typing import Iterable, Optional
 
 import attrs
 
 __all__ = [
+    "FUSED_STAGE",
+    "METADATA_KEY",
     "TraceName",
     "build_trace_name",
+    "file_label",
     "fit_label",
     "label_text",
+    "name_trace",
     "parse_trace_name",
     "range_label",
     "sanitize_label",
+    "trace_roles",
     "with_part",
 ]
 
@@ -100,6 +108,15 @@ def fit_label(label: str, limit: int = MAX_LABEL) -> str:
     return f"{label[: limit - len(digest) - 1]}+{digest}"
 
 
+def file_label(label: object, what: str = "label") -> str:
+    """A role or stage as a file name writes it: sanitized, then fitted.
+
+    >>> file_label("compute_log_prob")
+    'compute-log-prob'
+    """
+    return fit_label(sanitize_label(label, what))
+
+
 def range_label(text: str) -> str:
     """A label made safe for a range name inside a trace (``"``, ``\\``, control and
     non-ASCII characters become ``_``; everything else is kept as given)."""
@@ -124,6 +141,68 @@ class TraceName:
     def world(self) -> int:
         """Alias of ``world_size``, as the name writes it (``rank<r>-of-<world>``)."""
         return self.world_size
+
+
+FUSED_STAGE = "train"
+"""The stage of a fused trace (one ``step`` block's trace, whatever regions ran in it)."""
+FUSED_DEFAULT_ROLE = "main"
+METADATA_KEY = "torchstep_prof"
+"""The key of a trace's own metadata (role, stage, step, occurrence...) in the trace JSON."""
+_MAX_FUSED_ROLE = 100  # with a stage of at most MAX_LABEL: the name stays under 255 bytes
+
+
+def trace_roles(owner_role: Optional[str], roles: Iterable[str], process_role: Optional[str] = None) -> tuple[str, ...]:
+    """The roles a trace holds, as file names write them (the hook's ``TORCHSTEP_PROF_ROLES``):
+    a region's trace, its ``owner_role``; a fused trace (``owner_role`` None), ``process_role``
+    if set, else every role that entered it, in order (``main`` when none did).
+
+    >>> trace_roles(None, ["actor", "critic_1", "actor"])
+    ('actor', 'critic-1')
+    """
+    if owner_role is not None:
+        return (file_label(owner_role, "role"),)
+    if process_role is not None:
+        return (file_label(process_role, "process_role"),)
+    return tuple(dict.fromkeys(file_label(role, "role") for role in roles)) or (FUSED_DEFAULT_ROLE,)
+
+
+def name_trace(
+    *,
+    roles: tuple[str, ...],
+    stage: Optional[str],
+    step: int,
+    rank: int,
+    world_size: int,
+    pid: int,
+    timestamp: _dt.datetime,
+    gzip: bool = False,
+) -> TraceName:
+    """A trace's identity: ``roles`` from :func:`trace_roles`, ``stage`` the owning region's
+    (None: a fused trace, stage ``train``). Several roles are joined with ``-``; past 100
+    characters the first ones are kept and the rest counted (file names hold 255 bytes).
+
+    >>> import datetime as dt
+    >>> name_trace(roles=("actor", "critic"), stage=None, step=3, rank=0, world_size=1, pid=7,
+    ...            timestamp=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)).role
+    'actor-critic'
+    """
+    labels = list(roles)
+    role = "-".join(labels)
+    if len(role) > _MAX_FUSED_ROLE:
+        kept: list[str] = []
+        while labels and len("-".join(kept + labels[:1])) <= _MAX_FUSED_ROLE - 6:
+            kept.append(labels.pop(0))
+        role = "-".join(kept) + f"+{len(labels)}-more"
+    return TraceName(
+        role=role or FUSED_DEFAULT_ROLE,
+        stage=FUSED_STAGE if stage is None else file_label(stage, "stage"),
+        step=step,
+        rank=rank,
+        world_size=world_size,
+        pid=pid,
+        timestamp=timestamp,
+        gzip=gzip,
+    )
 
 
 def format_timestamp(moment: _dt.datetime) -> str:
