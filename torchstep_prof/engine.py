@@ -157,9 +157,10 @@ class Engine:
             self._writer.wait_for_cuda_exports()
 
     def stop_session(self, session: TraceSession) -> None:
-        """Stop ``session`` (always), then hand its record over: to the background writer when
-        it is to be written. Only torch's ``stop()`` runs here; the export runs on the writer thread. Never
-        raises, except a KeyboardInterrupt (the trace is then still written or recorded)."""
+        """Stop ``session`` (always), then hand its record over (to the background writer when it
+        is to be written). Only torch's ``stop()`` runs here; the export runs on the writer
+        thread. Never raises, except a KeyboardInterrupt (the trace is then still written or
+        recorded)."""
         try:
             try:
                 # (In a forked child, a block it inherited: nothing; the parent writes its trace.)
@@ -178,7 +179,9 @@ class Engine:
             return
         _store().add_costs(start_s=trace.start_s, stop_s=trace.stop_s)
         if trace.outcome is Outcome.LOST:
-            self._record_lost(trace)
+            warn(f"torchstep_prof: trace of step {trace.name.step} not written: {trace.reason}", ForeignProfilerWarning)
+            if trace.kept:
+                _store().add_trace(trace.unwritten_row())
         elif trace.outcome is Outcome.WRITE or trace.outcome is Outcome.FAILED:
             # Also after a KeyboardInterrupt inside stop(): what was recorded is written, or its
             # failure recorded, never dropped silently.
@@ -191,8 +194,13 @@ class Engine:
                 scope.add_trace(row.path, trace.roles)
                 if row.memory_snapshot is not None:  # shipped with its trace
                     scope.add_trace(row.memory_snapshot, trace.roles)
-            if trace.left_open:
-                _report_left_open(trace, row)
+            if trace.left_open:  # its owning region stayed open after its step (a suspended generator)
+                later = f"; step(s) {', '.join(map(str, trace.later_steps))} ran inside it" if trace.later_steps else ""
+                _store().add_attention(
+                    f"left-open:{id(trace)}",
+                    f"region {row.role}/{row.stage} of step {row.step} stayed open after its step "
+                    f"ended (a suspended generator?){later}: what ran meanwhile landed in its trace {row.path}",
+                )
 
         self.writer.write(trace, on_written)
 
@@ -202,18 +210,6 @@ class Engine:
         session = self.slot.session
         if session is not None:
             session.discard()
-
-    @staticmethod
-    def _record_lost(trace: StoppedTrace) -> None:
-        reason = trace.reason or "lost"
-        warn(f"torchstep_prof: trace of step {trace.name.step} not written: {reason}", ForeignProfilerWarning)
-        if trace.kept:
-            _store().add_trace(trace.unwritten_row(reason))
-
-    def warm_up(self, contents: tuple[str, ...] = ()) -> None:
-        """Pay torch.profiler's one-time start-up costs now, outside any step, instead of inside
-        the first profiled one (see :meth:`ProfilerSlot.warm_up`)."""
-        self.slot.warm_up(contents)
 
     def _warmed(self, t0: float) -> None:
         # The slot's warm-up ran: import the exit work's modules, start the writer (~10 ms when
@@ -340,18 +336,6 @@ def _rearmed_on_interrupt(finished: list[tuple[HookScope, Any]]) -> Iterator[Non
                 if not scope.hook_started:
                     scope.finished = False
         raise
-
-
-def _report_left_open(trace: StoppedTrace, row: TraceRecord) -> None:
-    """The trace's owning region stayed open after its step ended (a generator suspended
-    inside it): the summary says so, naming the trace later steps' work landed in."""
-    where = row.path if row.path is not None else f"a trace not written ({row.error})"
-    later = f"; step(s) {', '.join(map(str, trace.later_steps))} ran inside it" if trace.later_steps else ""
-    _store().add_attention(
-        f"left-open:{id(trace)}",
-        f"region {row.role}/{row.stage} of step {trace.name.step} stayed open after its step "
-        f"ended (a suspended generator?){later}: what ran meanwhile landed in its trace {where}",
-    )
 
 
 def _store() -> Any:

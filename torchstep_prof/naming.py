@@ -28,7 +28,6 @@ __all__ = [
     "parse_trace_name",
     "range_label",
     "sanitize_label",
-    "trace_roles",
     "with_part",
 ]
 
@@ -109,11 +108,7 @@ def fit_label(label: str, limit: int = MAX_LABEL) -> str:
 
 
 def file_label(label: object, what: str = "label") -> str:
-    """A role or stage as a file name writes it: sanitized, then fitted.
-
-    >>> file_label("compute_log_prob")
-    'compute-log-prob'
-    """
+    """A role or stage as a file name writes it: sanitized, then fitted."""
     return fit_label(sanitize_label(label, what))
 
 
@@ -144,65 +139,56 @@ class TraceName:
 
 
 FUSED_STAGE = "train"
-"""The stage of a fused trace (one ``step`` block's trace, whatever regions ran in it)."""
+"""The stage of every fused trace (one trace per step, holding all of its regions)."""
 FUSED_DEFAULT_ROLE = "main"
 METADATA_KEY = "torchstep_prof"
-"""The key of a trace's own metadata (role, stage, step, occurrence...) in the trace JSON."""
+"""The top-level key of a trace holding torchstep_prof's own description of it."""
 _MAX_FUSED_ROLE = 100  # with a stage of at most MAX_LABEL: the name stays under 255 bytes
-
-
-def trace_roles(owner_role: Optional[str], roles: Iterable[str], process_role: Optional[str] = None) -> tuple[str, ...]:
-    """The roles a trace holds, as file names write them (the hook's ``TORCHSTEP_PROF_ROLES``):
-    a region's trace, its ``owner_role``; a fused trace (``owner_role`` None), ``process_role``
-    if set, else every role that entered it, in order (``main`` when none did).
-
-    >>> trace_roles(None, ["actor", "critic_1", "actor"])
-    ('actor', 'critic-1')
-    """
-    if owner_role is not None:
-        return (file_label(owner_role, "role"),)
-    if process_role is not None:
-        return (file_label(process_role, "process_role"),)
-    return tuple(dict.fromkeys(file_label(role, "role") for role in roles)) or (FUSED_DEFAULT_ROLE,)
 
 
 def name_trace(
     *,
-    roles: tuple[str, ...],
-    stage: Optional[str],
+    owner: Optional[tuple[str, str]],
+    roles: Iterable[str],
+    process_role: Optional[str],
     step: int,
     rank: int,
     world_size: int,
     pid: int,
     timestamp: _dt.datetime,
     gzip: bool = False,
-) -> TraceName:
-    """A trace's identity: ``roles`` from :func:`trace_roles`, ``stage`` the owning region's
-    (None: a fused trace, stage ``train``). Several roles are joined with ``-``; past 100
-    characters the first ones are kept and the rest counted (file names hold 255 bytes).
+) -> tuple[TraceName, tuple[str, ...]]:
+    """A trace's identity, and the roles it holds as file names write them (the hook's list).
+
+    A region's trace is named by its ``owner`` (role, stage); a fused one (``owner`` None, stage
+    ``train``) by ``process_role`` if set, else by the ``roles`` that entered it, once each, in
+    order, joined with ``-`` (``main`` if none did; past 100 characters the first ones are kept
+    and the rest counted: a file name holds 255 bytes).
 
     >>> import datetime as dt
-    >>> name_trace(roles=("actor", "critic"), stage=None, step=3, rank=0, world_size=1, pid=7,
-    ...            timestamp=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)).role
-    'actor-critic'
+    >>> name, roles = name_trace(owner=None, roles=["actor", "critic_1", "actor"], process_role=None,
+    ...     step=3, rank=0, world_size=1, pid=7, timestamp=dt.datetime.now(dt.timezone.utc))
+    >>> name.role, name.stage, roles
+    ('actor-critic-1', 'train', ('actor', 'critic-1'))
     """
-    labels = list(roles)
+    if owner is not None:
+        labels = [file_label(owner[0], "role")]
+    elif process_role is not None:
+        labels = [file_label(process_role, "process_role")]
+    else:
+        labels = list(dict.fromkeys(file_label(role, "role") for role in roles)) or [FUSED_DEFAULT_ROLE]
+    held = tuple(labels)
     role = "-".join(labels)
     if len(role) > _MAX_FUSED_ROLE:
         kept: list[str] = []
         while labels and len("-".join(kept + labels[:1])) <= _MAX_FUSED_ROLE - 6:
             kept.append(labels.pop(0))
         role = "-".join(kept) + f"+{len(labels)}-more"
-    return TraceName(
-        role=role or FUSED_DEFAULT_ROLE,
-        stage=FUSED_STAGE if stage is None else file_label(stage, "stage"),
-        step=step,
-        rank=rank,
-        world_size=world_size,
-        pid=pid,
-        timestamp=timestamp,
-        gzip=gzip,
+    stage = FUSED_STAGE if owner is None else file_label(owner[1], "stage")
+    name = TraceName(
+        role=role, stage=stage, step=step, rank=rank, world_size=world_size, pid=pid, timestamp=timestamp, gzip=gzip
     )
+    return name, held
 
 
 def format_timestamp(moment: _dt.datetime) -> str:

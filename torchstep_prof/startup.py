@@ -54,4 +54,4 @@ def _warm_up_for_the_environment() -> None:
         return
     _load_every_name()
     if rank_selected(config.ranks, config.all_ranks, current_topology().rank):
-        ENGINE.warm_up(config.contents)
+        ENGINE.slot.warm_up(config.contents)

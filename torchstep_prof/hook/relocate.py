@@ -14,8 +14,9 @@ import os
 import shutil
 from typing import Iterable, Union
 
-from ..errors import FinishHookWarning, warn
 from ..naming import TRACE_SUFFIXES, with_part
+from ..writing.temp_files import link_exclusively, remove
+from .process import warn_hook as _warn
 
 __all__ = ["RELOCATED_NAME_FORMAT", "relocate_traces", "relocated_name"]
 
@@ -23,10 +24,6 @@ RELOCATED_NAME_FORMAT = "relocated_rank{rank}-of-{world_size}_{name}"
 """The name a relocated file gets in ``save_path`` (before any ``_part<i>``)."""
 
 _STAGING_PREFIX = ".torchstep_prof-relocating-"
-
-# os.link fails with one of these where the filesystem has no hard links (FAT, some FUSE
-# mounts); a move across filesystems fails earlier, with EXDEV.
-_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS})
 
 _log = logging.getLogger(__name__)
 
@@ -101,7 +98,7 @@ def _move_without_overwrite(source: str, save_path: str, name: str) -> str:
         shutil.copy2(source, staged)
         target = _claim_name(staged, save_path, name)
     except BaseException:
-        _remove_quietly(staged)
+        remove(staged)
         raise
     os.unlink(source)
     return target
@@ -112,47 +109,8 @@ def _claim_name(staged: str, save_path: str, name: str) -> str:
     ``name``, ``name`` + ``_part1``, ...; the check and the claim are one atomic step."""
     for part in itertools.count():
         target = os.path.join(save_path, with_part(name, part))
-        try:
-            # A hard link fails if the target exists: unlike rename, it never overwrites.
-            os.link(staged, target)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            if exc.errno not in _NO_HARD_LINKS:
-                raise
-            return _claim_by_placeholder(staged, save_path, name)
-        os.unlink(staged)
-        return target
+        if link_exclusively(staged, target):
+            if os.path.lexists(staged):  # its other name, after a hard link (a rename moved it)
+                os.unlink(staged)
+            return target
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _claim_by_placeholder(staged: str, save_path: str, name: str) -> str:
-    # Without hard links: reserve the name with an exclusive create, then rename over our own
-    # (empty) placeholder.
-    for part in itertools.count():
-        target = os.path.join(save_path, with_part(name, part))
-        try:
-            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        except FileExistsError:
-            continue
-        try:
-            os.replace(staged, target)
-        except BaseException:
-            _remove_quietly(target)
-            raise
-        return target
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _warn(message: str) -> None:
-    # The warning is what the user sees; the log line (INFO, so an unconfigured logging setup
-    # does not print it a second time) is for those who collect logs.
-    _log.info(message)
-    warn(message, FinishHookWarning, stacklevel=3)

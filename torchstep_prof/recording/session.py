@@ -28,12 +28,12 @@ from .spans import SpanLog, ThreadSpan, running_task
 from .stopped import Outcome, StoppedTrace, decide_outcome
 from ..config.model import ProfilerConfig
 from ..errors import TorchstepProfWarning, warn
-from ..naming import METADATA_KEY, TraceName, name_trace, range_label, trace_roles
+from ..naming import METADATA_KEY, TraceName, name_trace, range_label
 from ..selection.rules import StepAction
 from ..selection.step_meaning import step_meaning
 from ..topology import Topology, distributed_initialized
 
-__all__ = ["TraceSession", "entered", "new_range", "profiler_kwargs", "records_cuda"]
+__all__ = ["TraceSession", "entered", "new_range", "profiler_kwargs"]
 
 INTERRUPTED_STOP = "interrupted by Ctrl-C while torch stopped the profiler, which lost what it recorded"
 
@@ -60,11 +60,6 @@ def _cuda_available() -> bool:
 _warned_no_cuda = False
 
 
-def records_cuda(contents: tuple[str, ...]) -> bool:
-    """Whether traces recorded with ``contents`` hold CUDA activity (kernels)."""
-    return ProfilerActivity.CUDA in profiler_kwargs(contents)["activities"]
-
-
 @functools.lru_cache(maxsize=32)
 def profiler_kwargs(contents: tuple[str, ...]) -> dict[str, Any]:
     """torch.profiler.profile arguments for a ``contents`` selection (CPU always)."""
@@ -79,7 +74,7 @@ def profiler_kwargs(contents: tuple[str, ...]) -> dict[str, Any]:
             "torchstep_prof: contents asks for 'cuda' but CUDA is not available; recording CPU only",
             TorchstepProfWarning,
         )
-    kwargs: dict[str, Any] = {
+    return {
         "activities": activities,
         "record_shapes": "shapes" in contents,
         "profile_memory": "memory" in contents,
@@ -87,7 +82,6 @@ def profiler_kwargs(contents: tuple[str, ...]) -> dict[str, Any]:
         "with_flops": "flops" in contents,
         "with_modules": "modules" in contents,
     }
-    return kwargs
 
 
 class TraceSession:
@@ -151,10 +145,7 @@ class TraceSession:
         """A region's span in this trace (for a region outside the owner's thread or task); a
         fused trace takes its role when the span opens, as long as the trace records. With
         ``nvtx``, inside an NVTX range (pushed in that thread)."""
-        if self.fused:
-            span = ThreadSpan(self.spans, name, role)
-        else:
-            span = ThreadSpan(self.spans, name)
+        span = ThreadSpan(self.spans, name, role if self.fused else None)
         return NvtxRange(name, span, nested=False) if self.nvtx else span
 
     def add_role(self, role: str) -> None:
@@ -169,10 +160,10 @@ class TraceSession:
 
     def identity(self) -> tuple[TraceName, tuple[str, ...]]:
         """The trace's name and its roles as file names write them (see naming.py)."""
-        roles = trace_roles(self.owner_role, self.roles, self.config.process_role)
-        name = name_trace(
-            roles=roles,
-            stage=None if self.fused else (self.owner_stage or ""),
+        return name_trace(
+            owner=None if self.fused else (self.owner_role or "", self.owner_stage or ""),
+            roles=self.roles,
+            process_role=self.config.process_role,
             step=self.step,
             rank=self.topology.rank,
             world_size=self.topology.world_size,
@@ -180,14 +171,13 @@ class TraceSession:
             timestamp=self.started_at,
             gzip=self.config.gzip,
         )
-        return name, roles
 
     def record_unwritten(self, error: str) -> None:
         """This trace has no file (the profiler failed to start, it was still recording in
         another thread at exit): a row of the summary, labelled as its file would have been."""
         from ..summary.records import STORE
 
-        STORE.add_trace(self._record(decide_outcome(kept=self.keep, lost=error)).unwritten_row(error))
+        STORE.add_trace(self._record(decide_outcome(kept=self.keep, lost=error)).unwritten_row())
 
     # --- the window -------------------------------------------------------------------------
 
@@ -327,7 +317,7 @@ class TraceSession:
             results=results,
             spans=self.spans,
             owner_range=self.owner_range,
-            records_cuda=records_cuda(self.config.contents),
+            records_cuda=ProfilerActivity.CUDA in profiler_kwargs(self.config.contents)["activities"],
             memory_snapshot=snapshot,
             hook_scope=self.hook_scope,
             left_open=self.left_open,

@@ -23,7 +23,7 @@ from .gpu_time import gpu_busy_ms
 from .fused import FusedRegions, RegionSpan, RegionTopOps, read_fused_regions
 from .loading import TraceReadError, describe_error as _describe, load_trace
 from .memory_events import MemoryUse, read_memory
-from ..naming import TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
+from ..naming import FUSED_STAGE, METADATA_KEY, TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
 
 __all__ = [
     "OpTime",
@@ -42,12 +42,6 @@ __all__ = [
     "trace_sort_key",
     "wanted_by_name",
 ]
-
-METADATA_KEY = "torchstep_prof"
-"""The top-level key of a trace holding torchstep_prof's own description of it."""
-
-FUSED_STAGE = "train"
-"""The stage of every fused trace (one trace per step, holding all of its regions)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -17,6 +17,7 @@ live pid's, nor anything this user does not own.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -26,7 +27,7 @@ from typing import Iterator
 
 from .._shared_files import make_private_folder
 
-__all__ = ["TEMP_PREFIX", "WorkFolder", "host_label", "remove", "remove_dead_temporaries"]
+__all__ = ["TEMP_PREFIX", "WorkFolder", "host_label", "link_exclusively", "remove", "remove_dead_temporaries"]
 
 TEMP_PREFIX = ".torchstep_prof-partial-"
 _MAX_HOST = 40  # the final name may be near 255 bytes; the temporary must stay far under it
@@ -83,6 +84,35 @@ class WorkFolder:
             pass
         os.close(self._fd)
         self._fd = -1
+
+
+# os.link fails with one of these where the file system has no hard links (FAT, some FUSE
+# mounts); a move across file systems fails earlier, with EXDEV.
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS})
+
+
+def link_exclusively(source: str, target: str) -> bool:
+    """Give the file ``source`` (on ``target``'s file system) the name ``target`` unless a file
+    holds it; False when one does. A hard link never replaces anything (``source`` keeps its own
+    name too); without hard links, an exclusive placeholder is renamed over (``source`` is gone)."""
+    try:
+        os.link(source, target)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+    try:
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    try:
+        os.replace(source, target)
+    except BaseException:
+        remove(target)
+        raise
+    return True
 
 
 def remove(path: str) -> None:

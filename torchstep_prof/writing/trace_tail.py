@@ -39,10 +39,7 @@ def finish_tail(path: str, final_path: str, spans: SpanLog) -> int:
     try:
         with open(path, "r+b") as f:
             base_ns = _checked_head(f)
-            size = f.seek(0, os.SEEK_END)
-            tail_start = max(0, size - _TAIL_BYTES)
-            f.seek(tail_start)
-            tail = f.read()
+            tail_start, tail = _tail(f)
             end_of_events = _end_of_events(tail) if base_ns is not None else None
             if base_ns is None or end_of_events is None:
                 return _rewrite_whole(f, final_path, spans)
@@ -60,10 +57,7 @@ def set_trace_name(path: str, final_path: str) -> int:
     (another name was taken meanwhile); returns the file's size."""
     try:
         with open(path, "r+b") as f:
-            size = f.seek(0, os.SEEK_END)
-            tail_start = max(0, size - _TAIL_BYTES)
-            f.seek(tail_start)
-            tail = f.read()
+            tail_start, tail = _tail(f)
             key = tail.rfind(b"]," + _TRACE_NAME)
             if key < 0:
                 raise TraceTailError("the trace's end is not the one written a moment ago")
@@ -73,6 +67,12 @@ def set_trace_name(path: str, final_path: str) -> int:
             return f.tell()
     except OSError as exc:
         raise TraceTailError(f"cannot rename the trace inside its file: {exc.strerror or exc}") from None
+
+
+def _tail(f: Any) -> tuple[int, bytes]:
+    """Where the file's last bytes start, and those bytes."""
+    start = f.seek(max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
+    return start, f.read()
 
 
 def _closing(final_path: str) -> bytes:

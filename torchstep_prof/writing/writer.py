@@ -1,22 +1,20 @@
 """Writing stopped traces on one background thread: complete files or none, in order.
 
 The block that ends a trace only stops torch's profiler and hands its record (a
-:class:`~torchstep_prof.recording.stopped.StoppedTrace`) to :meth:`TraceWriter.write`; one writer thread per process then exports the JSON (torch's
-``export_chrome_trace`` of the stopped results, which releases the GIL and runs safely while a
-new profiler starts, records and stops: tests/workers/export_while_recording.py proves it under
-threads, asyncio and repeated windows), finishes its tail (other threads' spans,
-``traceName``), compresses it, and gives it the name the record holds. Files are written in the order the traces
-ended. When more than :data:`MAX_PENDING` traces wait, the next trace end waits for the writer,
-so memory stays bounded. :meth:`TraceWriter.flush` waits for every trace ended so far; the scope
-exit, the finish hook, ``tsp.flush()`` and interpreter exit call it.
+:class:`~torchstep_prof.recording.stopped.StoppedTrace`) to :meth:`TraceWriter.write`. One writer
+thread per process then exports the JSON (torch's ``export_chrome_trace``, which releases the GIL
+and runs safely beside a new profiler's start, recording and stop:
+tests/workers/export_while_recording.py), finishes its tail (other threads' spans,
+``traceName``), compresses it and gives it the name the record holds, in the order the traces
+ended. Past :data:`MAX_PENDING` waiting traces the next trace end waits, so memory stays bounded;
+:meth:`TraceWriter.flush` (scope exit, the finish hook, ``tsp.flush()``, interpreter exit) waits
+for every trace ended so far.
 
-Every write happens in a private work folder of its own
-(:mod:`torchstep_prof.writing.temp_files`: ``save_path`` may be shared) and is checked (torch only
-logs when it cannot write) before it is linked to its final name, never replacing a file
-(``_part<i>`` on a clash). A write removes its work folder, torch's own temporary included, and a
-failed one is warned about once per kind and recorded. The writer is a plain thread and queue, not ``concurrent.futures``: an executor
-refuses work once interpreter shutdown began, and a training thread that outlives the main
-script still ends traces then.
+Each write works in a private folder (:mod:`torchstep_prof.writing.temp_files`: ``save_path``
+may be shared), is checked (torch only logs when it cannot write), then linked to its final
+name, never replacing a file (``_part<i>`` on a clash); a failure is warned about once per kind
+and recorded. A plain thread and queue, not ``concurrent.futures``: an executor refuses work once
+interpreter shutdown began, and a training thread outliving the main script still ends traces.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ import attrs
 from .. import background
 from .memory_snapshot import write_snapshot
 from .range_marks import mark_region_ranges
-from .temp_files import WorkFolder, host_label, remove, remove_dead_temporaries
+from .temp_files import WorkFolder, host_label, link_exclusively, remove, remove_dead_temporaries
 from .trace_tail import TraceTailError, finish_tail, set_trace_name
 from ..errors import TraceWriteWarning, warn
 from ..naming import TraceName, build_trace_name
@@ -61,21 +59,14 @@ class _ExportFailed(Exception):
     pass
 
 
-@attrs.frozen
-class _Job:
-    """One stopped trace waiting for the writer."""
-
-    trace: StoppedTrace
-    on_written: OnWritten
-
-
 class TraceWriter:
     """The process's trace writer (one per engine) and its background thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a job was queued or done
-        self._queue: collections.deque[_Job] = collections.deque()  # the head is being written
+        # Stopped traces waiting for the writer; the head is being written.
+        self._queue: collections.deque[tuple[StoppedTrace, OnWritten]] = collections.deque()
         self._queued = 0  # jobs ever queued / done: flush waits for a number, not for "empty"
         self._done = 0
         self._thread: Optional[threading.Thread] = None
@@ -95,7 +86,7 @@ class TraceWriter:
         recorded. Waits (back-pressure) while more than :data:`MAX_PENDING` traces are queued;
         a KeyboardInterrupt there leaves the trace queued, to be written."""
         with self._lock:
-            self._queue.append(_Job(trace, on_written))
+            self._queue.append((trace, on_written))
             self._queued += 1
             if trace.records_cuda:
                 self._cuda_target = self._queued
@@ -186,17 +177,17 @@ class TraceWriter:
             with self._lock:
                 if not self._queue:
                     return False
-                job = self._queue[0]
-            self._write_one(job)
+                trace, on_written = self._queue[0]
+            self._write_one(trace, on_written)
             return True
 
-    def _write_one(self, job: _Job) -> None:
+    def _write_one(self, trace: StoppedTrace, on_written: OnWritten) -> None:
         try:
-            self._write_now(job)
+            self._write_now(trace, on_written)
         except BaseException as exc:  # never let the writer thread die with work queued
-            self._fail(job.trace.row(), f"unexpected error while writing: {exc!r}", 0.0)
+            self._fail(trace.row(), f"unexpected error while writing: {exc!r}", 0.0)
         finally:
-            _release(job.trace.results)
+            _release(trace.results)
             with self._lock:
                 self._queue.popleft()
                 self._done += 1
@@ -228,9 +219,8 @@ class TraceWriter:
 
     # --- one write ----------------------------------------------------------------------------
 
-    def _write_now(self, job: _Job) -> None:
+    def _write_now(self, trace: StoppedTrace, on_written: OnWritten) -> None:
         t0 = time.perf_counter()
-        trace = job.trace
         record, name, folder = trace.row(), trace.name, trace.save_path
         work: Optional[WorkFolder] = None
         try:
@@ -257,7 +247,7 @@ class TraceWriter:
             if work is not None:
                 work.remove()
         record = attrs.evolve(record, gpu_ms=gpu_ms, memory_snapshot=snapshot)
-        self._finish(record, path, size, export_s, job.on_written)
+        self._finish(record, path, size, export_s, on_written)
 
     def _snapshot(self, trace: StoppedTrace, temporary: str, path: str) -> Optional[str]:
         """Write the trace's CUDA memory snapshot next to its file at ``path`` (if it has one);
@@ -266,11 +256,7 @@ class TraceWriter:
             return None
         written, problem = write_snapshot(trace.memory_snapshot, temporary, path)
         if problem is not None:
-            key = ("memory snapshot", "")  # one warning a process: each trace has its own
-            with self._lock:
-                first = key not in self._reported
-                self._reported.add(key)
-            if first:
+            if self._first(("memory snapshot", "")):  # one warning a process: each trace has its own
                 warn(f"torchstep_prof: {problem}", TraceWriteWarning, stacklevel=2)
         return written
 
@@ -324,8 +310,11 @@ class TraceWriter:
                 with open(raw_path, "rb") as plain, gzip.open(source, "wb", compresslevel=_GZIP_LEVEL) as packed:
                     shutil.copyfileobj(plain, packed, 1 << 20)
                 size = os.path.getsize(source)
-            if _link(source, target):
-                return target, size  # the work folder, removed after, holds the other names
+            try:
+                if link_exclusively(source, target):
+                    return target, size  # the work folder, removed after, holds the other names
+            except OSError as exc:
+                raise _ExportFailed(f"cannot name the trace {target!r}: {exc.strerror or exc}") from None
             # Another process took the name between the check and the link (rare): the next.
             target = self._free_target(folder, name, 1)
             if compress:
@@ -346,17 +335,20 @@ class TraceWriter:
         except Exception as exc:  # the file is written and recorded: report, do not fail it
             warn(f"torchstep_prof: after writing {path}: {exc!r}", TraceWriteWarning, stacklevel=2)
 
+    def _first(self, kind: tuple[str, str]) -> bool:
+        """Whether a failure of this ``kind`` is the first of the process (then warned about)."""
+        with self._lock:
+            first = kind not in self._reported
+            self._reported.add(kind)
+        return first
+
     def _fail(self, record: TraceRecord, error: str, t0: float, folder: Optional[str] = None) -> None:
         export_s = time.perf_counter() - t0 if t0 else 0.0
         final = attrs.evolve(record, error=error, export_s=export_s)
         STORE.add_costs(export_s=export_s)
         STORE.add_trace(final)
         # The kind of failure, without the (per-file) path quoted in it: one warning per kind.
-        key = (folder or "", error.split("'")[0])
-        with self._lock:
-            first = key not in self._reported
-            self._reported.add(key)
-        if first:
+        if self._first((folder or "", error.split("'")[0])):
             warn(
                 f"torchstep_prof: trace {record.role}/{record.stage} step {record.step} not written: {error}. "
                 "Training continues; later failures of this kind are only recorded.",
@@ -394,24 +386,6 @@ def _range_names(trace: StoppedTrace) -> set[str]:
     if trace.owner_range is not None:
         names.add(trace.owner_range)
     return names
-
-
-def _link(source: str, target: str) -> bool:
-    """Name ``source`` ``target`` unless a file holds that name; False when one does."""
-    try:
-        os.link(source, target)  # fails if the target exists: no overwrite, no race
-        return True
-    except FileExistsError:
-        return False
-    except OSError as exc:
-        # A file system without hard links: check, then rename (same folder, atomic).
-        if os.path.lexists(target):
-            return False
-        try:
-            os.rename(source, target)
-        except OSError:
-            raise _ExportFailed(f"cannot name the trace {target!r}: {exc.strerror or exc}") from None
-        return True
 
 
 def _message(exc: BaseException) -> str:

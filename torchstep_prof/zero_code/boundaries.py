@@ -280,7 +280,7 @@ class StepDriver:
         if not ENGINE.slot.warmed and (requested or self.frame.rank_selected()):
             self._watch.ignoring = True  # its throw-away window's ranges are ours
             try:
-                ENGINE.warm_up(self.frame.config.contents)
+                ENGINE.slot.warm_up(self.frame.config.contents)
             finally:
                 self._watch.ignoring = False
 
