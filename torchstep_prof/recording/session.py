@@ -15,7 +15,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from torch.profiler import ProfilerActivity, record_function
@@ -32,6 +32,9 @@ from ..naming import METADATA_KEY, TraceName, name_trace, range_label
 from ..selection.rules import StepAction
 from ..selection.step_meaning import step_meaning
 from ..topology import Topology, distributed_initialized
+
+if TYPE_CHECKING:
+    from ..selection.frames import HookScope
 
 __all__ = ["TraceSession", "entered", "new_range", "profiler_kwargs"]
 
@@ -97,7 +100,7 @@ class TraceSession:
         step: int,
         action: StepAction,
         topology: Topology,
-        hook_scope: Any,
+        hook_scope: Optional[HookScope],
     ) -> None:
         self.config = config
         self.fused = role is None  # a step block owns it; regions inside add their roles
