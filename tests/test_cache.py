@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pytest
 from trace_factory import write_trace
 
-from torchstep_prof.traces.cache import _INFO_FIELDS
+from torchstep_prof.traces.reading.cache import _INFO_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
 FIELD = {name: index for index, name in enumerate(_INFO_FIELDS)}

@@ -253,7 +253,7 @@ def test_summarize_keeps_step_rank_and_wall_time_with_an_80_character_role(tmp_p
     assert max(map(len, lines)) <= WIDTH, result.stdout
     header = next(line for line in table if line.startswith("region"))
     assert header.split() == ["region", "step", "rank", "wall", "ms", "x", "median"], result.stdout
-    from torchstep_prof.traces.summarize import format_ms
+    from torchstep_prof.traces.analysis.summarize import format_ms
 
     for group in doc["groups"]:
         # Each rank's row holds its rank and whole wall time; the group's first row, the step too.

@@ -19,7 +19,7 @@ from trace_factory import (
     write_truncated,
 )
 
-from torchstep_prof.traces.files import (
+from torchstep_prof.traces.reading.files import (
     OpTime,
     TraceFilter,
     TraceReadError,
@@ -339,7 +339,7 @@ def _gzip_padded(source: Path, out: Path, mib: int) -> Path:
 
 
 def test_a_gzip_inflating_past_the_limit_is_skipped_naming_it_in_bounded_memory(folder: dict, tmp_path: Path) -> None:
-    from torchstep_prof.traces.loading import inflate_limit
+    from torchstep_prof.traces.reading.loading import inflate_limit
 
     root = tmp_path / "bomb"
     root.mkdir()

@@ -257,7 +257,7 @@ class Engine:
     def _warmed(self, t0: float) -> None:
         # The slot's warm-up ran: import the exit work's modules, start the writer (~10 ms when
         # the first trace ends otherwise), and count the whole as the warm-up's cost.
-        from .summary.exit_table import import_exit_modules
+        from .process_exit import import_exit_modules
 
         import_exit_modules()
         self.writer.start()

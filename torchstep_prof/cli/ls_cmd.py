@@ -1,7 +1,6 @@
 """``torchstep-prof ls``: one line per trace with its fields.
 
-``torchstep-prof ls DIR``: one line per trace with its fields, sorted by role, stage, step,
-occurrence and rank. Every run in the folder is listed (the pid column tells them apart);
+Sorted by role, stage, step, occurrence and rank. Every run in the folder is listed (the pid column tells them apart);
 ``--pid`` filters."""
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def _fold_labels(columns: list[_Column], natural: int, width: int) -> list[_Colu
     """The columns with the role and stage cells folded so that a table ``natural`` characters
     wide fits ``width``: the numbers keep their width, the stage keeps its own when it can, the
     role takes what is left."""
-    from .label_wrap import wrap_label
+    from ..rendering import wrap_label
 
     label_width = {h: max([len(h), *map(len, cells)]) for h, _, cells in columns if h in _LABELS}
     room = width - (natural - sum(label_width.values()))
@@ -302,7 +302,7 @@ def print_summary(data: ProfilingRecords, console: Console | None = None) -> Non
     trace, no word folded, no trailing spaces."""
     from rich.console import Console
 
-    from .plain_console import print_stripped
+    from ..rendering import print_stripped
 
     if console is None:
         # Piped to a log: no colour codes (rich's default), and wide enough not to fold file
@@ -321,27 +321,6 @@ def _log_width() -> int:
         return max(int(os.environ.get("COLUMNS", "")), 80)
     except ValueError:
         return _LOG_WIDTH
-
-
-def import_exit_modules() -> None:
-    """Import now what the finish hook and interpreter exit need, off every step.
-
-    Done with the profiler's warm-up: the first hook would otherwise pay ~30 ms of imports in
-    the training thread when it triggers, and an import inside an at-exit callback makes
-    CPython forget that the script ended on an unhandled KeyboardInterrupt (the process then
-    exits 1, not 130 as python does).
-    """
-    import rich.box  # noqa: F401
-    import rich.console  # noqa: F401
-    import rich.live  # noqa: F401
-    import rich.measure  # noqa: F401
-    import rich.status  # noqa: F401
-    import rich.table  # noqa: F401
-    import rich.text  # noqa: F401
-
-    from . import label_wrap, plain_console  # noqa: F401
-    from .. import rendering  # noqa: F401
-    from ..hook import command, finishing, node_sync, relocate  # noqa: F401
 
 
 def print_summary_at_exit(wanted: bool) -> None:

@@ -40,10 +40,10 @@ from .trace_tail import TraceTailError, finish_tail, set_trace_name
 from ..errors import TraceWriteWarning, warn
 from ..traces.names import TraceName, build_trace_name, with_part
 from ..summary.records import STORE, TraceRecord
-from ..recording.interrupts import interruptible
+from ..interrupts import interruptible
 from ..recording.range_names import RANGE_NAMES
 from ..recording.session import TraceSession, records_cuda
-from ..traces.gpu_time import trace_gpu_ms
+from ..traces.reading.gpu_time import trace_gpu_ms
 
 __all__ = ["MAX_PENDING", "TraceWriter", "TraceWriteWarning"]
 
