@@ -75,7 +75,7 @@ def _fresh_process_state(monkeypatch):
 def save_dir(tmp_path):
     """A fresh ``save_path`` (not yet created) in force for the test, summary off.
 
-    After the test, everything in it must be a whole trace file as SPEC.md describes it (name
+    After the test, everything in it must be a whole trace file as docs/trace-files.md describes it (name
     grammar, JSON, distributedInfo, metadata, one ProfilerStep row, the owner's range inside
     it): this checks every file the suite's engine tests write, and that no partial file or
     scratch folder was left behind.

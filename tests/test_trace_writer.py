@@ -1,4 +1,4 @@
-"""The background trace writer (SPEC "Trace files": writing leaves the training thread): the
+"""The background trace writer (docs/trace-files.md: writing leaves the training thread): the
 block that ends a trace does not wait for the export, files are written in order, back-pressure
 bounds what is pending, ``tsp.flush()``, writes at interpreter exit and during shutdown, and
 ``traceName`` naming the final file in valid JSON."""

@@ -314,7 +314,7 @@ def test_absurd_times_give_a_finite_wall_time(tmp_path: Path) -> None:
     source = write_trace(tmp_path / "src", sleep_s=0.01)
     info = read_trace_info(write_absurd(tmp_path, source.path, dur=-5))
     assert 0 <= info.wall_ms < 1e14  # a negative duration is ignored like a missing one
-    # Times that are no time make the file corrupt (issue 24): named, never a 0.0 ms row.
+    # Times that are no time make the file corrupt (docs/cli.md, absurd values): named, never a 0.0 ms row.
     for changes in ({"ts": 1e300}, {"dur": float("nan")}, {"dur": 1e300}):
         path = write_absurd(tmp_path, source.path, **changes)
         with pytest.raises(TraceReadError, match=r"absurd times \(2 event\(s\)"):

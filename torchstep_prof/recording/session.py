@@ -118,7 +118,7 @@ class TraceSession:
         self.topology = topology
         self.hook_scope = hook_scope
         self.roles: list[str] = [] if role is None else [role]
-        # The k-th trace of this (role, stage) in this step of the process (SPEC: Occurrences),
+        # The k-th trace of this (role, stage) in this step of the process (docs/scopes-and-regions.md),
         # and, for a region that owns it, the step block it was entered in, whether it was still
         # open when that block ended, and the steps that began while it was (set by the engine).
         self.occurrence = 1

@@ -30,7 +30,7 @@ class TraceRecord:
     world_size: int
     discrete: bool
     path: Optional[str]
-    occurrence: int = 1  # the k-th outermost entry of (role, stage) in this step (SPEC: Occurrences)
+    occurrence: int = 1  # the k-th outermost entry of (role, stage) in this step (docs/scopes-and-regions.md)
     size_bytes: int = 0
     wall_s: float = 0.0
     start_s: float = 0.0
