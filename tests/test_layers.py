@@ -47,14 +47,6 @@ UPWARD: Mapping[tuple[str, str], str] = {
         "metrics (a side effect of making a frame); it belongs in the engine's scope entry, with "
         "the rework of selection/frames.py"
     ),
-    ("triggers.plan", "engine"): (
-        "an on-demand plan warms the profiler up before its first step and runs its scope's "
-        "finish hook when it retires, as a scope's entry and exit do, through the one ENGINE"
-    ),
-    ("triggers.watcher", "engine"): (
-        "the poll thread's start registers the engine's exit work first, so that at exit a "
-        "plan's missed steps are reported before the summary prints"
-    ),
 }
 
 

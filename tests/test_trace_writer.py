@@ -150,7 +150,7 @@ def test_flush_with_nothing_pending_returns_true_at_once():
 
 
 # (``traceName`` after a name clash: every file the ``save_dir`` fixture sees is checked by
-# check_trace_file, test_trace_files.py's clash test included.)
+# check_trace_file, test_trace_files_written.py's clash test included.)
 
 
 @pytest.mark.parametrize("gzipped", [False, True], ids=["json", "gzip"])

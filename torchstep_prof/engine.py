@@ -30,6 +30,7 @@ from .selection.frames import Frame, HookScope, when_env_sets_a_hook
 from .selection.rules import StepAction, last_selected_step
 from .selection.steps import CURRENT_STEP
 from .topology import current_topology
+from .triggers.plan import use_engine as drive_on_demand_plans
 
 if TYPE_CHECKING:
     from .summary.records import TraceRecord
@@ -390,6 +391,7 @@ def _store() -> Any:
 
 ENGINE = Engine()
 when_env_sets_a_hook(ENGINE.ensure_atexit)
+drive_on_demand_plans(ENGINE)
 
 
 def _metrics_started(config: Any) -> None:

@@ -183,6 +183,8 @@ STATES: tuple[State, ...] = (
     _state("region_metrics.recorder", "_folding", "singleton", "the folding thread, once started",
            "no reset: one per process", "started anew by the recorder's fork handler"),
     _state("region_metrics.recorder", "_capped", "warn-once", "the pair cap warned about", "forget()", _KEPT),
+    _state("triggers.plan", "ENGINE", "registry", "the engine on-demand plans drive (registered by engine.py)",
+           "no reset: registered once at import", _KEPT),
     _state("triggers.watcher", "ON_DEMAND", "singleton", "the poll thread in force (on-demand traces)",
            "no reset: the scope that starts it stops it on exit", "forgotten by the watcher's fork handler"),
     _state("triggers.watcher", "thread", "thread", "torchstep_prof-on-demand: polls the trigger folder",
