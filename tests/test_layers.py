@@ -20,8 +20,8 @@ PACKAGE = ROOT / "torchstep_prof"
 # ``traces``); a new module or package needs a line here.
 LAYERS: Sequence[tuple[str, Sequence[str]]] = (
     # Foundations: no knowledge of profiling state. Errors and warn(), printable text, the fork
-    # handler, files in shared folders, decorators, the Ctrl-C guard, the rank, the background
-    # work registry, and the one trace-name builder.
+    # handler, files in shared folders, decorators, the Ctrl-C guard, the list of process-wide
+    # state, the rank, the background work registry, and the one trace-name builder.
     ("foundations", ("errors", "rendering", "_fork", "_shared_files", "_wrapping", "interrupts", "process_state",
                      "topology", "background", "traces.names", "traces")),
     # The records every later layer fills (a trace written, a hook run): data only.

@@ -1,9 +1,9 @@
 """Text for a terminal or a log: made safe, durations formatted once, labels fitted, no trailing blanks.
 
-Safe text: role and stage labels, request ids, operator names read from a trace, error messages and file
-names come from code, files and requests the toolkit does not control. Printed raw, an ``ESC``
-in one repaints the terminal (``\\x1b[2J`` clears it) and a newline forges a line of output.
-Everything the toolkit prints that came from outside goes through :func:`safe_text` first.
+Safe text: role and stage labels, request ids, operator names read from a trace, error messages
+and file names come from code, files and requests the toolkit does not control. Printed raw, an
+``ESC`` in one repaints the terminal (``\\x1b[2J`` clears it) and a newline forges a line of
+output. Everything the toolkit prints that came from outside goes through :func:`safe_text` first.
 
 Fitted labels (:func:`wrap_label`): rich folds an over-long cell wherever the column ends
 (``actor-upd`` / ``ate``) or cuts it with an ellipsis, and shrinks every other column first,

@@ -252,7 +252,7 @@ class StepDriver:
         self._watch.ignoring = True
         try:
             # Entered here, not by stack.enter_context: a Ctrl-C between the step's entry and its
-            # exit being pushed then lands in our frame, which holds it (recording/interrupts.py).
+            # exit being pushed then lands in our frame, which holds it (interrupts.py).
             block = step(number)
             block.__enter__()
             stack.push(block.__exit__)
