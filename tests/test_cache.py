@@ -1,4 +1,4 @@
-"""The per-file summary cache (``traces/cache.py``): an entry that is not what this code writes
+"""The per-file summary cache (``traces/reading/cache.py``): an entry that is not what this code writes
 (edited by hand, torn, another tool's) is read again from its trace, never a crash.
 
 Real traces, ``summarize`` and ``report`` run as a person runs them, the cache in a folder of

@@ -12,6 +12,7 @@ import sys
 from typing import Sequence
 
 from . import _tracedir
+from ..rendering import format_ms, safe_text
 
 HELP = "what changed between two trace folders (or two steps): time and calls per region and op"
 
@@ -71,8 +72,6 @@ def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):
 
 
 def _print_tables(result, top: int) -> None:
-    from ..rendering import format_ms, safe_text
-
     def opt(value: float | None) -> str:
         return "-" if value is None else format_ms(value)
 

@@ -9,6 +9,7 @@ import argparse
 import os
 
 from . import _tracedir
+from .._shared_files import replace_exclusively
 
 HELP = "one HTML page of charts of the traces in DIR: stragglers, collective waits, memory, timelines, top operators"
 DEFAULT_OUTPUT = "report.html"
@@ -102,6 +103,4 @@ def _filter_words(args: argparse.Namespace) -> list[str]:
 def _write(path: str, text: str) -> None:
     """Write under a new temporary name, then rename: a reader never sees half a page, and a
     link planted in the (maybe shared) trace folder is never written through."""
-    from .._shared_files import replace_exclusively
-
     replace_exclusively(os.path.abspath(path), text.encode("utf-8"))

@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from . import _tracedir
+from ..rendering import print_stripped, safe_text
 
 HELP = (
     "table of the traces in DIR by role/stage/step: wall time per rank, stragglers, top ops, collective waits, memory"
@@ -78,7 +79,6 @@ def _render_diagnosis(console, waits, memory) -> None:
     """The collective waits and the memory per region, one paragraph each, under the table."""
     from rich.text import Text
 
-    from ..rendering import print_stripped, safe_text
     from ..traces.analysis.collectives import describe_waits
     from ..traces.analysis.memory import describe_memory
 

@@ -12,6 +12,8 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
 
+from ..errors import TraceWriteWarning, warn
+from ..rendering import format_ms, print_stripped, safe_text, wrap_label
 from ..traces.names import TraceName, format_timestamp, parse_trace_name
 from .records import HookRecord, ProfilingRecords, TraceRecord, records
 
@@ -112,8 +114,6 @@ def _fold_labels(columns: list[_Column], natural: int, width: int) -> list[_Colu
     """The columns with the role and stage cells folded so that a table ``natural`` characters
     wide fits ``width``: the numbers keep their width, the stage keeps its own when it can, the
     role takes what is left."""
-    from ..rendering import wrap_label
-
     label_width = {h: max([len(h), *map(len, cells)]) for h, _, cells in columns if h in _LABELS}
     room = width - (natural - sum(label_width.values()))
     stage_width = min(label_width["stage"], max(_MIN_LABEL, room // 3))
@@ -158,10 +158,8 @@ def _display(path: str, folder: str | None) -> str:
 
 
 def _gpu_column(traces: Sequence[TraceRecord]) -> list[_Column]:
-    """The ``gpu ms`` column (time CUDA kernels ran inside each region: traces/gpu_time.py),
+    """The ``gpu ms`` column (time CUDA kernels ran inside each region: traces/reading/gpu_time.py),
     blank for a trace without kernels; none when no trace holds kernels."""
-    from ..rendering import format_ms
-
     if all(t.gpu_ms is None for t in traces):
         return []
     return [("gpu ms", "right", ["" if t.gpu_ms is None else format_ms(t.gpu_ms) for t in traces])]
@@ -174,8 +172,6 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
     under the table."""
     from rich.console import Group
     from rich.text import Text
-
-    from ..rendering import format_ms, safe_text
 
     pid = os.getpid()
     rank_label = ""
@@ -302,8 +298,6 @@ def print_summary(data: ProfilingRecords, console: Console | None = None) -> Non
     trace, no word folded, no trailing spaces."""
     from rich.console import Console
 
-    from ..rendering import print_stripped
-
     if console is None:
         # Piped to a log: no colour codes (rich's default), and wide enough not to fold file
         # names (COLUMNS when set, else 160) rather than rich's 80.
@@ -333,8 +327,6 @@ def print_summary_at_exit(wanted: bool) -> None:
     except KeyboardInterrupt:
         # Ctrl-C while traces are still written (at_exit's own wait handles the usual case, a
         # Ctrl-C while it flushes): exit now, saying what is lost.
-        from ..errors import TraceWriteWarning, warn
-
         warn(
             "torchstep_prof: interrupted at exit; exiting without the traces not yet on disk (no summary)",
             TraceWriteWarning,
