@@ -93,7 +93,7 @@ class Stat:
 
 @dataclasses.dataclass
 class Target:
-    """A target of SPEC.md "Performance": ``value <= limit`` passes.
+    """A target of docs/performance.md: ``value <= limit`` passes.
 
     For ratios, ``value`` is the ratio of the medians and ``lo`` / ``hi`` the smallest and largest
     per-round ratio; for absolute targets (``unit`` "ms"), the min/max of the samples.

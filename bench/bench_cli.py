@@ -68,15 +68,15 @@ def _largest(folder: str) -> str:
 
 
 def op_summarize_largest(folder: str) -> None:
-    from torchstep_prof.traces.summarize import summarize
-    from torchstep_prof.traces.files import scan_traces
+    from torchstep_prof.traces.analysis.summarize import summarize
+    from torchstep_prof.traces.reading.files import scan_traces
 
     summarize(*scan_traces([_largest(folder)], top=5))
 
 
 def op_summarize(folder: str) -> None:
-    from torchstep_prof.traces.summarize import summarize
-    from torchstep_prof.traces.files import scan_traces
+    from torchstep_prof.traces.analysis.summarize import summarize
+    from torchstep_prof.traces.reading.files import scan_traces
 
     infos, unreadable = scan_traces(folder, top=5)
     summary = summarize(infos, unreadable)
@@ -85,8 +85,8 @@ def op_summarize(folder: str) -> None:
 
 
 def op_merge(folder: str, out: str | None = None) -> None:
-    from torchstep_prof.traces.merge import merge_traces
-    from torchstep_prof.traces.files import scan_traces
+    from torchstep_prof.traces.analysis.merge import merge_traces
+    from torchstep_prof.traces.reading.files import scan_traces
 
     infos, _ = scan_traces(folder)
     out = out or os.path.join(tempfile.gettempdir(), f"tsp-bench-merged-{os.getpid()}.json")
@@ -115,9 +115,9 @@ def child(op: str, folder: str, how: str) -> None:
     import gc
 
     # Import everything the operations use first: the imports are not what is measured.
-    import torchstep_prof.traces.merge  # noqa: F401
-    import torchstep_prof.traces.summarize  # noqa: F401
-    import torchstep_prof.traces.files  # noqa: F401
+    import torchstep_prof.traces.analysis.merge  # noqa: F401
+    import torchstep_prof.traces.analysis.summarize  # noqa: F401
+    import torchstep_prof.traces.reading.files  # noqa: F401
 
     try:
         import orjson  # noqa: F401

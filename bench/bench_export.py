@@ -1,4 +1,4 @@
-"""How long writing one trace blocks the training thread (SPEC "Performance": gzip runs off the
+"""How long writing one trace blocks the training thread (docs/performance.md: gzip runs off the
 training thread; target: a gz trace blocks no more than 1.1x a plain JSON one).
 
 A 20-step window (the MLP step of ``bench_profiled_step`` run 20 times inside one owning
@@ -109,7 +109,7 @@ def run(quick: bool = False) -> Report:
     for key, label in (("json", "tsp .json"), ("gz", "tsp .json.gz"), ("torch.json", "torch .json"), ("torch.json.gz", "torch .json.gz")):
         if sizes.get(key):
             report.add(stat(f"file size: {label}", [float(s) for s in sizes[key][-rounds:]], unit="B"))
-    report.add(ratio_stat("tsp plain exit / torch stop+export .json", samples["torch_json"], samples["json"], "info (SPEC: no longer than torch's export)"))
+    report.add(ratio_stat("tsp plain exit / torch stop+export .json", samples["torch_json"], samples["json"], "info (target: no longer than torch's export)"))
     report.add(ratio_stat("tsp gz exit / torch stop+export .json.gz", samples["torch_gz"], samples["gz"], "info"))
     report.targets.append(ratio_target("export_gz_vs_json_blocking", samples["json"], samples["gz"], LIMIT, "gz trace vs plain JSON, time the step is blocked"))
     report.notes.append(f"{WINDOW_STEPS} MLP steps per window, {rounds} interleaved rounds, one torch thread")

@@ -1,4 +1,4 @@
-"""What the first profiled region costs the training loop (SPEC "Performance": torch's one-time
+"""What the first profiled region costs the training loop (docs/performance.md: torch's one-time
 profiler start-up, ~1 s here because it imports ``torch._inductor``, does not land inside the
 first profiled step).
 
@@ -24,7 +24,7 @@ Two ways of switching profiling on are measured:
   loop, the normal usage. The engine pays torch's start-up as the scope is entered on a rank that
   may profile; that scope-entry time is printed.
 * ``env``: no scope in the code, the schedule comes only from ``TORCHSTEP_PROF_OVERRIDES`` (the
-  "no code change" path of SPEC "Configuration as data").
+  "no code change" path of docs/configuration.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a finish hook costs the step that triggers it (SPEC "Performance": with ``wait=False``,
+"""What a finish hook costs the step that triggers it (docs/performance.md: with ``wait=False``,
 the default, a ``sleep 2`` hook adds under 5 ms to that step).
 
 Each round times one profiled step (the last one its schedule selects, so its exit starts the

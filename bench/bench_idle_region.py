@@ -1,4 +1,4 @@
-"""What a region costs when it does not profile (SPEC "Performance": within 2x of a bare
+"""What a region costs when it does not profile (docs/performance.md: within 2x of a bare
 class-based context manager).
 
 Cases, each timed side by side with its baseline in the same scopes:
@@ -10,7 +10,7 @@ Cases, each timed side by side with its baseline in the same scopes:
 ``with tsp.profile_region(...)`` is compared with a bare class-based context manager (an object
 made per ``with``, empty ``__enter__`` / ``__exit__``). A ``@tsp.profiled`` call is compared with
 the same plain function called inside that bare context manager: a decorated call is "a region
-around each call" (SPEC), so that is the cost it is promised to stay within 2x of. Its ratio to
+around each call" (docs/performance.md), so that is the cost it is promised to stay within 2x of. Its ratio to
 the bare call and to a do-nothing pass-through decorator is printed as information.
 
 Each of (b) and (c) is measured every way a region learns its step: inside ``step(n)``, after

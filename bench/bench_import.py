@@ -1,4 +1,4 @@
-"""What ``import torchstep_prof`` adds to ``import torch`` (SPEC "Performance": under 50 ms).
+"""What ``import torchstep_prof`` adds to ``import torch`` (docs/performance.md: under 50 ms).
 
 The package loads its public names on first use (PEP 562), so a bare ``import torchstep_prof``
 only moves the cost to the first ``tsp.profile_region``. The target therefore times the import

@@ -1,4 +1,4 @@
-"""What a nested region costs inside a running trace (SPEC "Performance": within 1.5x of torch's
+"""What a nested region costs inside a running trace (docs/performance.md: within 1.5x of torch's
 fastest range marker, ``torch._C._profiler._RecordFunctionFast``).
 
 Each sample is its own trace: an outer ``profile_region`` on a selected step (inside

@@ -1,4 +1,4 @@
-"""What a profiled step costs (SPEC "Performance": within 1.05x of the same step under a
+"""What a profiled step costs (docs/performance.md: within 1.05x of the same step under a
 hand-written ``torch.profiler.profile`` with the same activities).
 
 The target's step: a 3-layer MLP of width 512, batch 256 (about 10 ms on one core here),

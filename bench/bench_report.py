@@ -8,7 +8,7 @@ command runs in a fresh interpreter, as a person runs it, and reports its own pe
 Printed: the wall time of ``report DIR -o page.html`` and of ``summarize DIR --json`` (the
 baseline: the same reading), their ratio, each one's peak RSS, the peak RSS of ``report`` of the
 largest file alone (reading one file at a time keeps the 2000-file peak near it), and the page's
-size. Information, not a test: the SPEC asks for "seconds" on 2000 traces.
+size. Information, not a test: docs/performance.md asks for "seconds" on 2000 traces.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What ``torchstep-prof run`` costs a training loop when it profiles no step (SPEC "Performance":
+"""What ``torchstep-prof run`` costs a training loop when it profiles no step (docs/performance.md:
 within 1% of ``python SCRIPT``).
 
 The same script (this file with ``--child``: an MLP training step of about 10 ms with a
@@ -53,7 +53,7 @@ COUNTED_STEPS = 3  # a step is ~100 M instructions, the same each step; callgrin
 
 
 def make_step():
-    """The training step every measurement times: ~10 ms, as SPEC's target says."""
+    """The training step every measurement times: ~10 ms, as docs/performance.md's target says."""
     return _timing.make_mlp_step(width=512, batch=192, layers=3)
 
 

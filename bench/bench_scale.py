@@ -86,7 +86,7 @@ def run_cli(cache: str, *args: str) -> tuple[float, int]:
 
 
 def run(quick: bool = False) -> Report:
-    from torchstep_prof.traces.parallel import default_jobs
+    from torchstep_prof.traces.reading.parallel import default_jobs
 
     _timing.clean_environment()
     files = 100 if _timing.SMOKE else 2000 if quick else 20000  # --smoke: it runs, that is all

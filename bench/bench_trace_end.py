@@ -1,4 +1,4 @@
-"""How long the block that ends a trace blocks training (SPEC "Performance": no longer than
+"""How long the block that ends a trace blocks training (docs/performance.md: no longer than
 1.2x torch's own ``stop()``, on 1 MB and 50 MB traces; the write runs on the background writer).
 
 Each window runs many small ops (an in-place add on a small tensor) so that its JSON is about

@@ -126,7 +126,7 @@ def cuda_traces(work: Path, out: Path) -> dict:
     (work / "train.py").write_text(TRAIN)
     done = sh(sys.executable, work / "train.py", folder, env={"COLUMNS": "160"})
     found: dict[str, Any] = {"exit_code": done.returncode, "exit_summary": (done.stdout + done.stderr)[-2500:]}
-    from torchstep_prof.traces.files import load_trace
+    from torchstep_prof.traces.reading.files import load_trace
 
     per_trace = {}
     for path in sorted(folder.glob("*.json")):

@@ -104,7 +104,7 @@ def write_results(reports: list[tuple[str, Report | None, str, float]], path: Pa
         "Written by `python bench/run_all.py` (`make bench`). Every ratio is taken side by side in one",
         "process (or one invocation), interleaving baseline and candidate round by round; *measured*",
         "is the ratio of the medians, *min – max* the extremes of the per-round (or per-child) ratios,",
-        "which show the noise of the machine. SPEC.md \"Performance\" states the targets.",
+        "which show the noise of the machine. [docs/performance.md](../docs/performance.md) states the targets.",
         "",
         f"- machine: {info['nproc']} CPU(s), {info['cpu']}",
         f"- Python {info['python']}, torch {info['torch']}",

@@ -16,7 +16,7 @@ if importlib.util.find_spec("torchstep_prof") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-# The trace commands' summary cache (torchstep_prof.traces.cache) of this test run, never the
+# The trace commands' summary cache (torchstep_prof.traces.reading.cache) of this test run, never the
 # user's own; every test's trace folder is new, so entries never answer for another test.
 if not os.environ.get("TORCHSTEP_PROF_CACHE_DIR"):
     os.environ["TORCHSTEP_PROF_CACHE_DIR"] = tempfile.mkdtemp(prefix="tsp-test-cache-")
@@ -28,10 +28,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import torchstep_prof as tsp  # noqa: E402
-from torchstep_prof.summary.records import STORE as _STORE  # noqa: E402
-from torchstep_prof.selection import frames as _frames  # noqa: E402
 from torchstep_prof.engine import ENGINE as _ENGINE  # noqa: E402
-from torchstep_prof import topology as _topology  # noqa: E402
+from torchstep_prof.process_state import reset_for_tests  # noqa: E402
 
 # Variables that change what regions do (the environment's config layer, the rank): a test that
 # wants one sets it itself.
@@ -44,14 +42,12 @@ _ENGINE_VARIABLES = (
 
 @pytest.fixture(autouse=True)
 def _fresh_process_state(monkeypatch):
-    """Each test starts with no records, an unread environment and an unresolved rank, and must
+    """Each test starts with the process-wide state of a new process (no records, an unread
+    environment, an unresolved rank: every reset torchstep_prof/process_state.py lists), and must
     leave no torch profiler running."""
     for name in _ENGINE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    _STORE.clear()
-    _frames.reset_root()
-    _topology.forget_topology()
-    _ENGINE.forget_occurrences()
+    reset_for_tests()
     yield
     # Hooks run in the background: one still running must not land in the next test's records.
     tsp.flush()
@@ -70,9 +66,7 @@ def _fresh_process_state(monkeypatch):
             leaked_session.profile.stop()
         except Exception:
             pass
-    _STORE.clear()
-    _frames.reset_root()
-    _topology.forget_topology()
+    reset_for_tests()
     assert not leaked_torch, "a torch profiler was left running after the test"
     assert leaked_session is None, "torchstep_prof's profiler was left running after the test"
 
@@ -81,7 +75,7 @@ def _fresh_process_state(monkeypatch):
 def save_dir(tmp_path):
     """A fresh ``save_path`` (not yet created) in force for the test, summary off.
 
-    After the test, everything in it must be a whole trace file as SPEC.md describes it (name
+    After the test, everything in it must be a whole trace file as docs/trace-files.md describes it (name
     grammar, JSON, distributedInfo, metadata, one ProfilerStep row, the owner's range inside
     it): this checks every file the suite's engine tests write, and that no partial file or
     scratch folder was left behind.

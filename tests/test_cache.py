@@ -1,4 +1,4 @@
-"""The per-file summary cache (``traces/cache.py``): an entry that is not what this code writes
+"""The per-file summary cache (``traces/reading/cache.py``): an entry that is not what this code writes
 (edited by hand, torn, another tool's) is read again from its trace, never a crash.
 
 Real traces, ``summarize`` and ``report`` run as a person runs them, the cache in a folder of
@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pytest
 from trace_factory import write_trace
 
-from torchstep_prof.traces.cache import _INFO_FIELDS
+from torchstep_prof.traces.reading.cache import _INFO_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
 FIELD = {name: index for index, name in enumerate(_INFO_FIELDS)}

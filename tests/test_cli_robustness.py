@@ -1,4 +1,4 @@
-"""Issue 10 item 7: any file the parser cannot handle is named and skipped by every trace
+"""Any file the parser cannot handle is named and skipped by every trace
 command, and absurd values (a ts of 1e300, negative durations, NaN) do not wreck the tables."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_summarize_names_and_skips_every_bad_file(folder: dict) -> None:
     result = _cli("summarize", folder["root"], "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    # A ts of 1e300 or NaN makes a file corrupt (issue 24), a negative duration does not.
+    # A ts of 1e300 or NaN makes a file corrupt (docs/cli.md), a negative duration does not.
     absurd = [str(folder["absurd"][kind]) for kind in ("huge_ts", "nan")]
     expected = [str(p) for p in folder["bad"].values()] + absurd
     assert sorted(doc["unreadable"]) == sorted(expected)
@@ -253,7 +253,7 @@ def test_summarize_keeps_step_rank_and_wall_time_with_an_80_character_role(tmp_p
     assert max(map(len, lines)) <= WIDTH, result.stdout
     header = next(line for line in table if line.startswith("region"))
     assert header.split() == ["region", "step", "rank", "wall", "ms", "x", "median"], result.stdout
-    from torchstep_prof.traces.summarize import format_ms
+    from torchstep_prof.traces.analysis.summarize import format_ms
 
     for group in doc["groups"]:
         # Each rank's row holds its rank and whole wall time; the group's first row, the step too.
@@ -277,7 +277,7 @@ def _holds_in_a_row(line: str, cells: list[str]) -> bool:
 
 
 def test_absurd_event_times_are_named_as_skipped_by_every_command(folder: dict, tmp_path: Path) -> None:
-    """Issue 24: a trace whose events carry a ts of 1e300 (or NaN) is no 0.0 ms row: ls,
+    """A trace whose events carry a ts of 1e300 (or NaN) is no 0.0 ms row: ls,
     summarize, merge and report name it as skipped, saying why."""
     huge, nan = folder["absurd"]["huge_ts"], folder["absurd"]["nan"]
     runs = {

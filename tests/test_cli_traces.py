@@ -483,9 +483,6 @@ def test_end_to_end_on_real_traces_of_two_runs(tmp_path: Path, capsys) -> None:
     code, out, _ = _run(capsys, "summarize", save, "--json", "--pid", pids[0])
     assert {r["pid"] for g in json.loads(out)["groups"] for r in g["ranks"]} == {pids[0]}
 
-    metadata = json.loads(next(save.glob("trainer_forward_*")).read_text())["torchstep_prof"]
-    if "occurrence" not in metadata:
-        pytest.skip("this writer does not record occurrences yet (issue 11 item 3, steps branch)")
     forward = [g for g in doc["groups"] if g["stage"] == "forward"]
     assert [(g["occurrence"], len(g["ranks"])) for g in forward] == [(1, 1), (2, 1)]
     code, _, _ = _run(capsys, "merge", save, "-o", tmp_path / "m.json")

@@ -4,11 +4,11 @@ collectives some rank lacks; the kinds' order; memory per device."""
 
 from __future__ import annotations
 
-from torchstep_prof.traces.collective_calls import CollectiveCall, read_collectives
-from torchstep_prof.traces.collectives import describe_waits, find_waits
-from torchstep_prof.traces.events import OpTime
-from torchstep_prof.traces.memory_events import read_memory
-from torchstep_prof.traces.summarize import GroupSummary, RankTime, Summary
+from torchstep_prof.traces.reading.collective_calls import CollectiveCall, read_collectives
+from torchstep_prof.traces.analysis.collectives import describe_waits, find_waits
+from torchstep_prof.traces.reading.events import OpTime
+from torchstep_prof.traces.reading.memory_events import read_memory
+from torchstep_prof.traces.analysis.summarize import GroupSummary, RankTime, Summary
 
 
 def _group(calls: dict[int, list[tuple[str, str, float]]], ops: dict[int, dict[str, float]] | None = None) -> Summary:

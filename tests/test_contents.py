@@ -1,4 +1,4 @@
-"""What a trace holds: ``contents()`` maps to torch.profiler's options (SPEC "Scopes" table)."""
+"""What a trace holds: ``contents()`` maps to torch.profiler's options (docs/scopes-and-regions.md)."""
 
 from __future__ import annotations
 

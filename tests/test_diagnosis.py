@@ -1,4 +1,4 @@
-"""Issue 24: diagnosis across ranks from real 2-rank torchrun (gloo) jobs, through the CLI.
+"""Diagnosis across ranks from real 2-rank torchrun (gloo) jobs, through the CLI.
 
 A job where rank 1 sleeps 30 ms before each all-reduce: wall times stay equal (no straggler),
 and the collective waits name rank 1 as arriving last while rank 0 waits. Two jobs where one

@@ -40,7 +40,7 @@ class Job:
         return read_json(self.out / f"result_rank{rank}.json")
 
     def traces(self, phase: str) -> list[tuple[Path, tsp.TraceName]]:
-        """The phase's trace files, each checked against SPEC.md, with its parsed name."""
+        """The phase's trace files, each checked against docs/trace-files.md, with its parsed name."""
         self.launch.check()
         folder = self.out / phase
         leftovers = [p for p in everything_under(folder) if p not in trace_files(folder)]
@@ -97,7 +97,7 @@ def node_job(tmp_path_factory) -> Job:
     return Job(out, launch)
 
 
-# --- which ranks profile (issue 3) ---------------------------------------------------------------
+# --- which ranks profile -------------------------------------------------------------------------
 
 
 def test_steps_1_and_3_on_rank_0_write_two_files_on_rank_0_only(selection_job):
@@ -145,7 +145,7 @@ def test_the_toolkit_issues_no_collective(selection_job):
         assert selection_job.result(rank)["toolkit_collectives"] == []
 
 
-# --- the finish hook (issue 4) -------------------------------------------------------------------
+# --- the finish hook -----------------------------------------------------------------------------
 
 
 def test_hook_runs_once_per_rank_after_the_last_selected_step(hook_job):
@@ -237,7 +237,7 @@ def test_ddp_example_under_torchrun(tmp_path, mode):
 
 
 
-# --- reading a 4-rank run's folder (issue 5) ------------------------------------------------------
+# --- reading a 4-rank run's folder ----------------------------------------------------------------
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from torchstep_prof.traces.findings import describe_finding, find_findings, findings_to_dicts
-from torchstep_prof.traces.summarize import summarize
-from torchstep_prof.traces.files import OpTime, TraceInfo
+from torchstep_prof.traces.analysis.findings import describe_finding, find_findings, findings_to_dicts
+from torchstep_prof.traces.analysis.summarize import summarize
+from torchstep_prof.traces.reading.files import OpTime, TraceInfo
 
 
 def trace(rank: int, wall_ms: float, ops: dict[str, float], *, step: int = 3, role: str = "actor") -> TraceInfo:

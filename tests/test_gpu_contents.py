@@ -23,7 +23,7 @@ import torchstep_prof as tsp
 from torchstep_prof.errors import ConfigError
 from torchstep_prof.recording import memory_history as _memory_history
 from torchstep_prof.recording import nvtx as _nvtx
-from torchstep_prof.traces.files import scan_traces
+from torchstep_prof.traces.reading.files import scan_traces
 from torchstep_prof.writing import memory_snapshot as _snapshot
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available() is False)")

@@ -14,9 +14,9 @@ from trace_factory import add_kernels, write_trace
 from torchstep_prof.cli import main
 from torchstep_prof.summary.exit_table import print_summary
 from torchstep_prof.summary.records import ProfilingRecords, TraceRecord
-from torchstep_prof.traces.files import scan_traces
-from torchstep_prof.traces.report import build_report
-from torchstep_prof.traces.report_page import render_page
+from torchstep_prof.traces.reading.files import scan_traces
+from torchstep_prof.traces.report.content import build_report
+from torchstep_prof.traces.report.page import render_page
 
 
 def _summarize_json(capsys: pytest.CaptureFixture, folder: Path) -> dict:

@@ -1,5 +1,5 @@
 """The finish hook out of training's way: in the background by default, waited for at exit,
-fed every trace of the process (SPEC "The finish hook")."""
+fed every trace of the process (docs/finish-hook.md)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import attrs
 import pytest
 from trace_factory import write_ranks, write_trace
 
-from torchstep_prof.traces.merge import merge_traces, track_label
-from torchstep_prof.traces.files import (
+from torchstep_prof.traces.analysis.merge import merge_traces, track_label
+from torchstep_prof.traces.reading.files import (
     TraceInfo,
     TraceReadError,
     load_trace,

@@ -1,4 +1,4 @@
-"""Trace file names: the builder, its inverse and the label rules (SPEC "Trace files")."""
+"""Trace file names: the builder, its inverse and the label rules (docs/trace-files.md)."""
 
 from __future__ import annotations
 

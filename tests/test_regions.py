@@ -1,4 +1,4 @@
-"""Steps, regions and who owns a trace (SPEC "Steps, regions, and who owns a trace"), judged by
+"""Steps, regions and who owns a trace (docs/scopes-and-regions.md), judged by
 the files written and the ranges inside them."""
 
 from __future__ import annotations

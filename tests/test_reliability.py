@@ -1,4 +1,4 @@
-"""Faults (SPEC "Reliability"): what the user sees when their code, torch, the disk, forked
+"""Faults (docs/reliability.md): what the user sees when their code, torch, the disk, forked
 workers or other threads misbehave. Every test also leaves no profiler running (conftest)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Blocks still open at interpreter exit (SPEC "Steps, regions, and who owns a trace",
+"""Blocks still open at interpreter exit (docs/scopes-and-regions.md,
 "Reliability"): a generator left suspended inside a region or a step, a ``begin_step`` never
 ended. Each is stopped and its trace written at exit, the exit code is the script's own, and
 nothing crashes. Run in subprocesses: interpreter exit is what is tested."""

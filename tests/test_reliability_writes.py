@@ -1,4 +1,4 @@
-"""Writes that fail (SPEC "Reliability", "Trace files"): a full disk, a file size limit, a
+"""Writes that fail (docs/reliability.md, docs/trace-files.md): a full disk, a file size limit, a
 process killed while it writes, Ctrl-C while training waits for the writer. A failed write is
 reported once and recorded, leaves no temporary file (torch's own ``.tmp`` included), and is
 never listed to a hook unfinished; a killed process's temporaries are removed by the next

@@ -19,7 +19,7 @@ import pytest
 from browser import colored_pixels, probe_page, screenshot
 from trace_factory import assert_summary_shape, write_not_json, write_trace, write_truncated
 
-from torchstep_prof.traces.report_text import axis_labels
+from torchstep_prof.traces.report.text import axis_labels
 
 plotly = pytest.importorskip("plotly", reason="plotly is not installed (the [report] extra)")
 
@@ -468,7 +468,7 @@ def test_one_rank_page_in_chromium_draws_no_one_bar_charts_and_cuts_no_text(one_
 
 
 def test_one_rank_of_many_steps_keeps_the_slowest_on_its_timeline_and_every_step_in_its_chart(tmp_path):
-    from torchstep_prof.traces.report_steps import TIMELINE_STEPS
+    from torchstep_prof.traces.report.steps import TIMELINE_STEPS
 
     folder = tmp_path / "many"
     steps = range(1, TIMELINE_STEPS + 6)

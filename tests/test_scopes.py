@@ -1,4 +1,4 @@
-"""Scopes: composable context managers over one contextvars stack (SPEC "Scopes")."""
+"""Scopes: composable context managers over one contextvars stack (docs/scopes-and-regions.md)."""
 
 from __future__ import annotations
 

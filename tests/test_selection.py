@@ -1,4 +1,4 @@
-"""Which steps and ranks are profiled (SPEC "Scopes" table and "Steps, regions..."): judged by the
+"""Which steps and ranks are profiled (docs/scopes-and-regions.md): judged by the
 files a run writes, plus the cycle compared against torch.profiler's own schedule."""
 
 from __future__ import annotations
@@ -349,7 +349,7 @@ def test_the_environments_schedule_reports_missed_steps_at_exit_and_only_then(tm
         shown[last] = result.stdout
     # Step 2 ran (its trace is in the table): only step 5 never did.
     assert "actor" in shown[3] and "step 5 never ran" in shown[3] and "2, 5" not in shown[3]
-    # No step ran: no trace, so no summary at all (SPEC: a process that wrote nothing prints none).
+    # No step ran: no trace, so no summary at all (docs/exit-summary.md: a process that wrote nothing prints none).
     assert "never ran" not in shown[1]
 
 

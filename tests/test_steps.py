@@ -1,4 +1,4 @@
-"""Steps as real loops use them (SPEC "Steps, regions, and who owns a trace"): step 0,
+"""Steps as real loops use them (docs/scopes-and-regions.md): step 0,
 ``begin_step`` / ``end_step`` without re-indenting, occurrences of a region within one step,
 exceptions leaving a loop, and a region left open across steps. Judged by the files written, the
 ranges and metadata inside them, the hook's runs and ``tsp.records()``."""

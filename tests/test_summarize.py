@@ -10,13 +10,13 @@ import pytest
 from rich.console import Console
 from trace_factory import assert_summary_shape, write_ranks, write_trace
 
-from torchstep_prof.traces.summarize import (
+from torchstep_prof.traces.analysis.summarize import (
     find_straggler,
     render_summary,
     summarize,
     summary_to_dict,
 )
-from torchstep_prof.traces.files import OpTime, TraceInfo, Unreadable, scan_traces
+from torchstep_prof.traces.reading.files import OpTime, TraceInfo, Unreadable, scan_traces
 
 SLOW_RANK = 2
 
@@ -200,7 +200,7 @@ def test_fused_traces_of_a_step_are_one_group_labelled_by_their_roles() -> None:
 
 
 def test_choose_runs_keeps_the_newest_pid_per_rank_and_role() -> None:
-    from torchstep_prof.traces.runs import choose_runs, describe_other_runs
+    from torchstep_prof.traces.analysis.runs import choose_runs, describe_other_runs
 
     old = [_trace(r, 10.0, pid=100) for r in (0, 1)]
     new = [_trace(r, 50.0, pid=200) for r in (0, 1)]
@@ -221,7 +221,7 @@ def test_choose_runs_keeps_the_newest_pid_per_rank_and_role() -> None:
     [(170.44, "170.4"), (0.0, "0.0"), (3.2e14, "3.2e+14"), (float("nan"), "?"), (float("inf"), "?")],
 )
 def test_format_ms(value: float, text: str) -> None:
-    from torchstep_prof.traces.summarize import format_ms
+    from torchstep_prof.traces.analysis.summarize import format_ms
 
     assert format_ms(value) == text
 

@@ -1,4 +1,4 @@
-"""The background trace writer (SPEC "Trace files": writing leaves the training thread): the
+"""The background trace writer (docs/trace-files.md: writing leaves the training thread): the
 block that ends a trace does not wait for the export, files are written in order, back-pressure
 bounds what is pending, ``tsp.flush()``, writes at interpreter exit and during shutdown, and
 ``traceName`` naming the final file in valid JSON."""
@@ -150,7 +150,7 @@ def test_flush_with_nothing_pending_returns_true_at_once():
 
 
 # (``traceName`` after a name clash: every file the ``save_dir`` fixture sees is checked by
-# check_trace_file, test_trace_files.py's clash test included.)
+# check_trace_file, test_trace_files_written.py's clash test included.)
 
 
 @pytest.mark.parametrize("gzipped", [False, True], ids=["json", "gzip"])

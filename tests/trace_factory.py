@@ -243,7 +243,7 @@ def _read(path: Path) -> bytes:
 
 
 def assert_summary_shape(doc: Any) -> None:
-    """Fail unless ``doc`` has the shape SPEC.md documents for ``summarize --json``."""
+    """Fail unless ``doc`` has the shape docs/cli.md documents for ``summarize --json``."""
     assert isinstance(doc, dict), doc
     assert {"groups", "findings", "unreadable", "other_runs"} <= doc.keys(), doc
     assert isinstance(doc["findings"], list) and isinstance(doc["other_runs"], list)

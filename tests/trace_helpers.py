@@ -2,7 +2,7 @@
 
 ``tests/trace_factory.py`` *writes* synthetic traces for the CLI tests; this module only reads
 real ones: load a ``.json`` / ``.json.gz`` file, list its range names, find events, and check
-every promise SPEC.md makes about a trace file in one place (``check_trace_file``).
+every promise docs/trace-files.md makes about a trace file in one place (``check_trace_file``).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def steps_written(folder: str | os.PathLike[str]) -> list[int]:
 
 
 def check_trace_file(path: str | os.PathLike[str]) -> Trace:
-    """Fail unless ``path`` is a trace file as SPEC.md describes it; return its JSON.
+    """Fail unless ``path`` is a trace file as docs/trace-files.md describes it; return its JSON.
 
     - the name matches the grammar and round-trips through ``parse_trace_name``;
     - it loads as (gzip) JSON, a Chrome trace with ``traceEvents``;

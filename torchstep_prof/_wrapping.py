@@ -1,7 +1,6 @@
 """Running each call of a function or coroutine function inside a context manager.
 
-One way to run each call of a function or coroutine function inside a context manager: what
-``@profiled`` and the scopes used as decorators share."""
+What ``@profiled`` and the scopes used as decorators share."""
 
 from __future__ import annotations
 

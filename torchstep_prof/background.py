@@ -12,7 +12,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from ._fork import at_fork_in_child
-from .recording.interrupts import interruptible
+from .interrupts import interruptible
 
 __all__ = ["HOOKS", "POLL_S", "WRITES", "add", "add_thread", "flush", "wait_for", "wait_for_event"]
 

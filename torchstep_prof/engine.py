@@ -31,6 +31,7 @@ from .selection.frames import Frame, HookScope, when_env_sets_a_hook
 from .selection.rules import StepAction, last_selected_step
 from .selection.steps import CURRENT_STEP
 from .topology import current_topology
+from .triggers.plan import use_engine as drive_on_demand_plans
 
 if TYPE_CHECKING:
     from .summary.records import TraceRecord
@@ -214,7 +215,7 @@ class Engine:
     def _warmed(self, t0: float) -> None:
         # The slot's warm-up ran: import the exit work's modules, start the writer (~10 ms when
         # the first trace ends otherwise), and count the whole as the warm-up's cost.
-        from .summary.exit_table import import_exit_modules
+        from .process_exit import import_exit_modules
 
         import_exit_modules()
         self.writer.start()
@@ -347,6 +348,7 @@ def _store() -> Any:
 
 ENGINE = Engine()
 when_env_sets_a_hook(ENGINE.ensure_atexit)
+drive_on_demand_plans(ENGINE)
 
 
 def _metrics_started(config: Any) -> None:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from typing import Any, Iterable, Sequence
 
 import attrs
+
+from .rendering import safe_text
 
 
 class TorchstepProfError(Exception):
@@ -117,11 +121,6 @@ def warn(message: str, category: type[Warning] = TorchstepProfWarning, stackleve
     Under ``-W error`` (``warnings.simplefilter("error")``) ``warnings.warn`` raises: a failed
     write could then replace the user's own exception. The message goes to stderr instead.
     """
-    import sys
-    import warnings
-
-    from .rendering import safe_text
-
     message = safe_text(message)
     frame = _user_frame(sys._getframe(1))
     where = frame.f_globals if frame is not None else globals()

@@ -1,17 +1,32 @@
-"""Text from outside made safe to print: control characters and escape sequences shown escaped.
+"""Text for a terminal or a log: made safe, durations formatted once, labels fitted, no trailing blanks.
 
-Role and stage labels, request ids, operator names read from a trace, error messages and file
-names come from code, files and requests the toolkit does not control. Printed raw, an ``ESC``
-in one repaints the terminal (``\\x1b[2J`` clears it) and a newline forges a line of output.
-Everything the toolkit prints that came from outside goes through :func:`safe_text` first.
+Safe text: role and stage labels, request ids, operator names read from a trace, error messages
+and file names come from code, files and requests the toolkit does not control. Printed raw, an
+``ESC`` in one repaints the terminal (``\\x1b[2J`` clears it) and a newline forges a line of
+output. Everything the toolkit prints that came from outside goes through :func:`safe_text` first.
+
+Fitted labels (:func:`wrap_label`): rich folds an over-long cell wherever the column ends
+(``actor-upd`` / ``ate``) or cuts it with an ellipsis, and shrinks every other column first,
+numbers included. The tables here instead give the numbers their full width and fold only the
+label, after a ``-``, ``/``, ``_``, ``.`` or a space: the pieces of a sanitized label are whole
+words. A piece longer than the column on its own is cut with ``…``; the tables that cut one also
+print the whole name elsewhere (a file list).
+
+No trailing blanks (:func:`print_stripped`): rich pads every cell to its column's width, so a
+table written to a log file ends most lines with spaces; it renders on the console it is given
+(same width, same colour settings), then strips each line's trailing blanks, colour codes kept.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["format_ms", "safe_text"]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["format_ms", "print_stripped", "safe_text", "strip_trailing_blanks", "wrap_label"]
 
 # C0 and C1 controls and DEL; tabs too (they break column alignment) and the Unicode line and
 # paragraph separators (some terminals and log viewers start a new line at them).
@@ -54,3 +69,76 @@ def format_ms(value: float) -> str:
     if not math.isfinite(value):
         return "?"
     return f"{round(value, 3):.1f}" if abs(value) < 1e7 else f"{value:.1e}"
+
+
+# A piece ends after a separator: "actor-" "compute-" "log-" "prob" ("/": a region's role/stage).
+_PIECE = re.compile(r"[^-/_. =+]*[-/_. =+]*")
+_ELLIPSIS = "…"
+
+
+def wrap_label(text: str, width: int) -> str:
+    """``text`` in lines of at most ``width`` characters, broken after separators.
+
+    >>> wrap_label("rollout-actor-ref-critic/train", 14)
+    'rollout-actor-\\nref-critic/\\ntrain'
+    >>> wrap_label("a" * 10, 6)
+    'aaaaa…'
+    """
+    width = max(1, width)
+    out: list[str] = []
+    for line in text.split("\n"):
+        out.extend(_wrap_line(line, width))
+    return "\n".join(out)
+
+
+def _wrap_line(line: str, width: int) -> list[str]:
+    if len(line) <= width:
+        return [line]
+    lines: list[str] = []
+    current = ""
+    for piece in _PIECE.findall(line):
+        if not piece:
+            continue
+        if len(current) + len(piece.rstrip(" ")) <= width:
+            current += piece
+            continue
+        if current:
+            lines.append(current.rstrip(" "))
+        current = piece if len(piece.rstrip(" ")) <= width else _cut(piece, width)
+    if current:
+        lines.append(current.rstrip(" "))
+    return lines
+
+
+def _cut(piece: str, width: int) -> str:
+    """A piece too long for a line on its own: cut with ``…``, its separator kept (``rrr…/``
+    still reads as a role followed by its stage)."""
+    word = piece.rstrip("-/_. =+")
+    sep = piece[len(word) :].rstrip(" ")[:1]
+    if width < 2 + len(sep):
+        sep = ""
+    return word[: max(0, width - 1 - len(sep))] + _ELLIPSIS + sep
+
+
+# Trailing blanks, possibly followed (or interleaved) by colour codes that end the line.
+_TRAILING = re.compile(r"[ \t]+((?:\x1b\[[0-9;]*m)*)$", re.MULTILINE)
+
+
+def strip_trailing_blanks(text: str) -> str:
+    """``text`` with the blanks at the end of every line removed (ANSI colour codes kept).
+
+    >>> strip_trailing_blanks("a  \\nb \\x1b[0m\\n")
+    'a\\nb\\x1b[0m\\n'
+    """
+    previous = None
+    while previous != text:  # "x \x1b[1m \x1b[0m" needs two passes
+        previous, text = text, _TRAILING.sub(r"\1", text)
+    return text
+
+
+def print_stripped(console: Console, *renderables: Any, **print_kwargs: Any) -> None:
+    """``console.print(*renderables)`` with no trailing blanks on any line."""
+    with console.capture() as capture:
+        console.print(*renderables, **print_kwargs)
+    console.file.write(strip_trailing_blanks(capture.get()))
+    console.file.flush()

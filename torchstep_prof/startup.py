@@ -26,7 +26,7 @@ def _warm_up_for_the_environment() -> None:
     # into the root frame, register the exit work, load the names, pay torch.profiler's ~1 s
     # first start on a rank that may profile), not inside the first profiled step. Only in a
     # process that already imported torch (a training script; not the command line). A bad
-    # environment is reported later, where SPEC.md says: at the first scope or region. When the
+    # environment is reported later, where docs/configuration.md says: at the first scope or region. When the
     # environment also sets a finish hook, its frame is read there too: that hook belongs to a
     # process that ran a scope or a region, not to every one that imports the package.
     from .config.variables import ENV_CONFIG, ENV_OVERRIDES

@@ -1,7 +1,7 @@
 """What the trace subcommands share: folder, filters, scanning, skipped files.
 
-What the trace subcommands share: the folder argument, the filters, scanning with a progress
-bar, and reporting the files that were skipped."""
+Scanning shows a progress bar; the files that could not be read are reported, not
+silently dropped."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TextIO
 import attrs
 
 from ..rendering import safe_text
-from ..traces.files import TraceFilter, TraceInfo, Unreadable, find_trace_files, scan_traces
+from ..traces.reading.files import TraceFilter, TraceInfo, Unreadable, find_trace_files, scan_traces
 from ..naming import parse_trace_name
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..traces.runs import OtherRun
+    from ..traces.analysis.runs import OtherRun
 
 PROG = "torchstep-prof"
 
@@ -60,7 +60,7 @@ def add_pid_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
 
 def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
     """``--jobs N`` and ``--no-cache``: how a large folder is read (see
-    :mod:`torchstep_prof.traces.cache`)."""
+    :mod:`torchstep_prof.traces.reading.cache`)."""
     parser.add_argument(
         "-j",
         "--jobs",
@@ -101,8 +101,8 @@ def scan_folder(
     if jobs is None and not hasattr(args, "no_cache"):  # a command without --jobs / --no-cache
         with _progress(len(paths)) as progress:
             return scan_traces(paths, filters, top=top, progress=progress)
-    from ..traces.cache import SummaryCache
-    from ..traces.parallel import default_jobs, scan_paths
+    from ..traces.reading.cache import SummaryCache
+    from ..traces.reading.parallel import default_jobs, scan_paths
 
     cache = None if args.no_cache else SummaryCache.for_folder(args.directory, recursive=args.recursive)
     with _progress(len(paths)) as progress:
@@ -133,8 +133,8 @@ def report_unreadable(unreadable: Sequence[Unreadable], stream: TextIO | None = 
 
 
 def newest_runs(infos: Sequence[TraceInfo]) -> tuple[list[TraceInfo], tuple[OtherRun, ...]]:
-    """The newest run of each rank (see :mod:`torchstep_prof.traces.runs`), the others warned about."""
-    from ..traces.runs import choose_runs, describe_other_runs
+    """The newest run of each rank (see :mod:`torchstep_prof.traces.analysis.runs`), the others warned about."""
+    from ..traces.analysis.runs import choose_runs, describe_other_runs
 
     choice = choose_runs(infos)
     for line in describe_other_runs(choice.other_runs):
@@ -209,7 +209,7 @@ def output_console() -> Console:
 
 def add_straggler_argument(parser: argparse.ArgumentParser) -> None:
     """``--straggler-ratio X``: the rule ``summarize``, its findings and ``report`` share."""
-    from ..traces.summarize import DEFAULT_STRAGGLER_RATIO
+    from ..traces.analysis.summarize import DEFAULT_STRAGGLER_RATIO
 
     parser.add_argument(
         "--straggler-ratio",

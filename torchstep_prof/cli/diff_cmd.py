@@ -12,6 +12,7 @@ import sys
 from typing import Sequence
 
 from . import _tracedir
+from ..rendering import format_ms, safe_text
 
 HELP = "what changed between two trace folders (or two steps): time and calls per region and op"
 
@@ -36,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..traces.diff import diff_to_dict
+    from ..traces.analysis.diff import diff_to_dict
 
     result = compare(parser, args)
     if isinstance(result, int):
@@ -51,8 +52,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """The :class:`~torchstep_prof.traces.diff.DiffResult` the arguments ask for, or an exit code."""
-    from ..traces.diff import diff_traces
+    """The :class:`~torchstep_prof.traces.analysis.diff.DiffResult` the arguments ask for, or an exit code."""
+    from ..traces.analysis.diff import diff_traces
 
     if args.test is None and len(args.step) != 2:
         parser.error("give two folders (BASE TEST), or one folder and two steps (--step A --step B)")
@@ -71,8 +72,6 @@ def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):
 
 
 def _print_tables(result, top: int) -> None:
-    from ..rendering import format_ms, safe_text
-
     def opt(value: float | None) -> str:
         return "-" if value is None else format_ms(value)
 

@@ -29,7 +29,7 @@ from . import _tracedir
 from .._shared_files import replace_exclusively
 
 if TYPE_CHECKING:
-    from ..traces.files import TraceInfo
+    from ..traces.reading.files import TraceInfo
 
 HELP = "link one trace per rank of a region and step into OUT, the layout HTA reads"
 
@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..traces.files import TraceFilter, started_at
+    from ..traces.reading.files import TraceFilter, started_at
 
     if args.occurrence < 1:
         parser.error(f"--occurrence must be >= 1 (got {args.occurrence})")
@@ -177,7 +177,7 @@ def _rank_hta_reads(path: str) -> int | None:
 
 
 def _write_with_rank(info: TraceInfo, dest: str) -> None:
-    from ..traces.files import load_trace
+    from ..traces.reading.files import load_trace
 
     trace = load_trace(info.path)
     dist = trace.pop("distributedInfo", None)

@@ -1,7 +1,6 @@
 """``torchstep-prof ls``: one line per trace with its fields.
 
-``torchstep-prof ls DIR``: one line per trace with its fields, sorted by role, stage, step,
-occurrence and rank. Every run in the folder is listed (the pid column tells them apart);
+Sorted by role, stage, step, occurrence and rank. Every run in the folder is listed (the pid column tells them apart);
 ``--pid`` filters."""
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import sys
 from typing import Sequence
 
 from . import _tracedir
+from ..rendering import format_ms, safe_text
 
 HELP = "one line per trace in DIR: role, stage, step, occurrence, rank, world size, pid, wall time, size, path"
 
@@ -54,8 +54,6 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _print_columns(rows: Sequence[dict]) -> None:
-    from ..rendering import format_ms, safe_text
-
     cells = [list(_COLUMNS)] + [
         [
             safe_text(row["role"]),

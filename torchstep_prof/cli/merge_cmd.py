@@ -1,7 +1,7 @@
 """``torchstep-prof merge``: the selected traces as one Chrome trace.
 
-``torchstep-prof merge DIR -o OUT``: the selected traces as one Chrome trace, one process
-track per file, aligned on wall-clock time."""
+``torchstep-prof merge DIR -o OUT`` writes one process track per file, aligned on wall-clock
+time."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..traces.merge import merge_traces
-    from ..traces.files import TraceReadError
+    from ..traces.analysis.merge import merge_traces
+    from ..traces.reading.files import TraceReadError
 
     filters = _tracedir.filters_from_args(parser, args)
     infos = _tracedir.usable_traces(args, filters)

@@ -1,8 +1,7 @@
 """``torchstep-prof report``: one self-contained HTML page of charts.
 
-``torchstep-prof report DIR [-o report.html]``: one self-contained HTML page of charts —
-what stands out, each group's wall time per rank, each step's timeline, each region's top
-operators. Needs the ``[report]`` extra (plotly)."""
+``torchstep-prof report DIR [-o report.html]`` shows what stands out, each group's wall time
+per rank, each step's timeline and each region's top operators. Needs the ``[report]`` extra (plotly)."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import argparse
 import os
 
 from . import _tracedir
+from .._shared_files import replace_exclusively
 
 HELP = "one HTML page of charts of the traces in DIR: stragglers, collective waits, memory, timelines, top operators"
 DEFAULT_OUTPUT = "report.html"
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..traces.report_page import PlotlyMissing, load_plotlyjs, render_page
+    from ..traces.report.page import PlotlyMissing, load_plotlyjs, render_page
 
     try:
         plotlyjs = load_plotlyjs()  # before reading: a missing extra is said at once
@@ -48,8 +48,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         _tracedir.error(f"report: {exc}")
         return _tracedir.EXIT_USAGE
 
-    from ..traces.findings import FINDINGS_DEPTH
-    from ..traces.report import build_report
+    from ..traces.analysis.findings import FINDINGS_DEPTH
+    from ..traces.report.content import build_report
 
     filters = _tracedir.filters_from_args(parser, args)
     scanned = _tracedir.scan_folder(args, filters, top=max(args.top, FINDINGS_DEPTH))
@@ -62,7 +62,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return _tracedir.nothing_found(args, filters, unreadable)
     diff = None
     if args.baseline is not None:
-        from ..traces.diff import diff_traces
+        from ..traces.analysis.diff import diff_traces
 
         base_args = argparse.Namespace(**{**vars(args), "directory": args.baseline})
         base = _tracedir.usable_traces(base_args, filters)
@@ -103,6 +103,4 @@ def _filter_words(args: argparse.Namespace) -> list[str]:
 def _write(path: str, text: str) -> None:
     """Write under a new temporary name, then rename: a reader never sees half a page, and a
     link planted in the (maybe shared) trace folder is never written through."""
-    from .._shared_files import replace_exclusively
-
     replace_exclusively(os.path.abspath(path), text.encode("utf-8"))

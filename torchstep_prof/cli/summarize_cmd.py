@@ -1,7 +1,6 @@
 """``torchstep-prof summarize``: wall time per rank of each region and step, as a table or JSON.
 
-``torchstep-prof summarize DIR``: wall time per rank of each region and step, stragglers
-flagged, top operators by self time; ``--json`` for machines."""
+Stragglers are flagged and the top operators listed by self time; ``--json`` for machines."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ import argparse
 import sys
 
 from . import _tracedir
+from ..rendering import print_stripped, safe_text
 
 HELP = (
     "table of the traces in DIR by role/stage/step: wall time per rank, stragglers, top ops, collective waits, memory"
@@ -33,10 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..traces.collectives import find_waits, waits_to_dicts
-    from ..traces.findings import FINDINGS_DEPTH, find_findings, findings_to_dicts
-    from ..traces.memory import find_memory, memory_to_dicts
-    from ..traces.summarize import (
+    from ..traces.analysis.collectives import find_waits, waits_to_dicts
+    from ..traces.analysis.findings import FINDINGS_DEPTH, find_findings, findings_to_dicts
+    from ..traces.analysis.memory import find_memory, memory_to_dicts
+    from ..traces.analysis.summarize import (
         default_title,
         render_summary,
         summarize,
@@ -61,7 +61,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         doc["findings"] = findings_to_dicts(find_findings(deep))
         doc["collectives"] = waits_to_dicts(waits)
         doc["memory"] = memory_to_dicts(memory)
-        from ..traces._json import dumps_indented
+        from ..traces.reading._json import dumps_indented
 
         sys.stdout.write(dumps_indented(doc) + "\n")
         _tracedir.report_unreadable(unreadable)
@@ -79,10 +79,8 @@ def _render_diagnosis(console, waits, memory) -> None:
     """The collective waits and the memory per region, one paragraph each, under the table."""
     from rich.text import Text
 
-    from ..rendering import safe_text
-    from ..summary.plain_console import print_stripped
-    from ..traces.collectives import describe_waits
-    from ..traces.memory import describe_memory
+    from ..traces.analysis.collectives import describe_waits
+    from ..traces.analysis.memory import describe_memory
 
     sections = (
         ("Collective waits (a rank's duration minus the shortest across ranks):", waits, describe_waits),

@@ -17,6 +17,9 @@ import sys
 import time
 from typing import Any
 
+from ..errors import ConfigError
+from ..rendering import safe_text
+
 __all__ = ["register"]
 
 _EPILOG = """\
@@ -78,7 +81,6 @@ def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def trigger(args: argparse.Namespace) -> int:
-    from ..rendering import safe_text
     from ..triggers.status import read_statuses
 
     parser: argparse.ArgumentParser = args.trigger_parser
@@ -157,7 +159,6 @@ def _with_rates(folder: str, running: list[Any]) -> list[Any]:
 
 def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: Any) -> int:
     from ..triggers.planning import choose_steps
-    from ..errors import ConfigError
     from ..triggers.request import Request, new_id, parse_request, write_request
 
     rule: dict[str, Any]
@@ -198,7 +199,6 @@ def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: 
 
 def _note_unread(folder: str, running: list[Any]) -> None:
     """Say so when the request being replaced was never read by some running rank."""
-    from ..errors import ConfigError
     from ..triggers.request import REQUEST_FILE, read_request
 
     try:
@@ -227,16 +227,12 @@ _MAX_RATE_WAIT_S = 30.0  # however long the ranks say they poll: the command sta
 def _printable(text: Any, limit: int = 200) -> str:
     """Text from a shared folder (request ids, outcomes, paths) as printed: control characters
     shown escaped, cut at ``limit`` characters. The one place this command prints such text."""
-    from ..rendering import safe_text
-
     shown = safe_text(text)
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def _show_status(folder: str, statuses: list[Any]) -> None:
-    from ..rendering import safe_text
     from ..triggers.request import REQUEST_FILE, read_request
-    from ..errors import ConfigError
 
     now = time.time()
     print(safe_text(f"{folder}: {len(statuses)} rank(s)"))

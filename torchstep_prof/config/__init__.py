@@ -1,4 +1,4 @@
 """Configuration: model, converter, files, overrides and the environment's layer.
 
-Configuration: the frozen model, its one converter, config files, ``key=value`` overrides and
-the environment's layer. Nothing here imports torch."""
+The model is frozen, the converter is the package's only one, overrides are ``key=value``
+strings. Nothing here imports torch."""

@@ -137,7 +137,7 @@ def read_environment(environ: Mapping[str, str] | None = None) -> EnvironmentLay
     if path is None and overrides_text is None:
         return _EMPTY
     if environ is None and not owns_environment():
-        return _EMPTY  # inherited from the process that read it (SPEC "Child processes")
+        return _EMPTY  # inherited from the process that read it (docs/reliability.md, "Child processes")
     key = (path, _file_identity(path), overrides_text)
     last = _last
     if last is not None and last[0] == key:
@@ -251,7 +251,7 @@ def _from_variable(exc: ConfigError, variable: str, value: str | None = None) ->
     )
 
 
-# --- who owns the environment's configuration (SPEC "Child processes") --------------------------
+# --- who owns the environment's configuration (docs/reliability.md, "Child processes") ---------
 
 _ownership: tuple[tuple[Any, ...], bool] | None = None
 

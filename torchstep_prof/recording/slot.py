@@ -22,7 +22,7 @@ from .. import background
 from ..errors import ForeignProfilerWarning, ProfilerStartWarning, warn
 from ..selection.steps import CURRENT_STEP, next_occurrence
 from .foreign import foreign_profiler
-from .interrupts import HeldCtrlC, hold_ctrl_c, main_trace_began, main_trace_ended
+from ..interrupts import HeldCtrlC, hold_ctrl_c, main_trace_began, main_trace_ended
 from .range_names import range_name
 from .session import TraceSession, entered, new_range
 

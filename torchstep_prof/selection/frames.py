@@ -72,9 +72,9 @@ class HookScope:
         self.traces: list[str] = []
         self.roles: list[str] = []
         # Local ranks of one node must agree on which scope they finish, without talking to
-        # each other: the n-th per-node hook scope of each process is the same one (SPEC.md:
-        # every local rank enters the same on_finish scopes). Not keyed on the command, which
-        # may well name the rank.
+        # each other: the n-th per-node hook scope of each process is the same one (every local
+        # rank enters the same on_finish scopes; docs/finish-hook.md). Not keyed on the command,
+        # which may well name the rank.
         hook = config.finish_hook
         key = "per-node" if hook is not None and hook.per_node else "local"
         with HookScope._ordinals_lock:
@@ -140,7 +140,7 @@ class Frame:
         self.disabled = not config.enable
         # Nothing can be profiled under this frame: regions return at once.
         self.idle = self.disabled or config.schedule is None
-        # Metrics on (metrics/recorder.py): every region is timed, profiled or not. A region
+        # Metrics on (region_metrics/recorder.py): every region is timed, profiled or not. A region
         # returns at once only when the frame is idle and untimed (quiet); a timed frame is
         # screened, as the root frame is: regions check both only past the quiet test.
         metrics = config.metrics

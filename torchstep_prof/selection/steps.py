@@ -2,7 +2,7 @@
 
 A region's step is ``step=``, else the enclosing ``step(n)`` block's (:data:`CURRENT_STEP`),
 else the next number of its (role, stage) counter (:func:`count`). The k-th trace of a
-(role, stage) in one step of the process is its occurrence (SPEC: Occurrences).
+(role, stage) in one step of the process is its occurrence (docs/scopes-and-regions.md, "Occurrences").
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
 
+from ..errors import TraceWriteWarning, warn
+from ..rendering import format_ms, print_stripped, safe_text, wrap_label
 from ..naming import TraceName, format_timestamp, parse_trace_name
 from .records import HookRecord, ProfilingRecords, TraceRecord, records
 
@@ -112,8 +114,6 @@ def _fold_labels(columns: list[_Column], natural: int, width: int) -> list[_Colu
     """The columns with the role and stage cells folded so that a table ``natural`` characters
     wide fits ``width``: the numbers keep their width, the stage keeps its own when it can, the
     role takes what is left."""
-    from .label_wrap import wrap_label
-
     label_width = {h: max([len(h), *map(len, cells)]) for h, _, cells in columns if h in _LABELS}
     room = width - (natural - sum(label_width.values()))
     stage_width = min(label_width["stage"], max(_MIN_LABEL, room // 3))
@@ -158,10 +158,8 @@ def _display(path: str, folder: str | None) -> str:
 
 
 def _gpu_column(traces: Sequence[TraceRecord]) -> list[_Column]:
-    """The ``gpu ms`` column (time CUDA kernels ran inside each region: traces/gpu_time.py),
+    """The ``gpu ms`` column (time CUDA kernels ran inside each region: traces/reading/gpu_time.py),
     blank for a trace without kernels; none when no trace holds kernels."""
-    from ..rendering import format_ms
-
     if all(t.gpu_ms is None for t in traces):
         return []
     return [("gpu ms", "right", ["" if t.gpu_ms is None else format_ms(t.gpu_ms) for t in traces])]
@@ -174,8 +172,6 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
     under the table."""
     from rich.console import Group
     from rich.text import Text
-
-    from ..rendering import format_ms, safe_text
 
     pid = os.getpid()
     rank_label = ""
@@ -302,8 +298,6 @@ def print_summary(data: ProfilingRecords, console: Console | None = None) -> Non
     trace, no word folded, no trailing spaces."""
     from rich.console import Console
 
-    from .plain_console import print_stripped
-
     if console is None:
         # Piped to a log: no colour codes (rich's default), and wide enough not to fold file
         # names (COLUMNS when set, else 160) rather than rich's 80.
@@ -323,27 +317,6 @@ def _log_width() -> int:
         return _LOG_WIDTH
 
 
-def import_exit_modules() -> None:
-    """Import now what the finish hook and interpreter exit need, off every step.
-
-    Done with the profiler's warm-up: the first hook would otherwise pay ~30 ms of imports in
-    the training thread when it triggers, and an import inside an at-exit callback makes
-    CPython forget that the script ended on an unhandled KeyboardInterrupt (the process then
-    exits 1, not 130 as python does).
-    """
-    import rich.box  # noqa: F401
-    import rich.console  # noqa: F401
-    import rich.live  # noqa: F401
-    import rich.measure  # noqa: F401
-    import rich.status  # noqa: F401
-    import rich.table  # noqa: F401
-    import rich.text  # noqa: F401
-
-    from . import label_wrap, plain_console  # noqa: F401
-    from .. import rendering  # noqa: F401
-    from ..hook import command, finishing, node_sync, relocate  # noqa: F401
-
-
 def print_summary_at_exit(wanted: bool) -> None:
     """The at-exit summary, when this process wrote a trace or ran a hook, and ``wanted`` (the
     ``summary`` field of the config it profiled under) and the environment allow it."""
@@ -354,8 +327,6 @@ def print_summary_at_exit(wanted: bool) -> None:
     except KeyboardInterrupt:
         # Ctrl-C while traces are still written (at_exit's own wait handles the usual case, a
         # Ctrl-C while it flushes): exit now, saying what is lost.
-        from ..errors import TraceWriteWarning, warn
-
         warn(
             "torchstep_prof: interrupted at exit; exiting without the traces not yet on disk (no summary)",
             TraceWriteWarning,

@@ -37,7 +37,7 @@ class TraceRecord:
     stop_s: float = 0.0
     export_s: float = 0.0
     error: Optional[str] = None
-    # With contents("cuda"): the time kernels ran inside the region (traces/gpu_time.py).
+    # With contents("cuda"): the time kernels ran inside the region (traces/reading/gpu_time.py).
     gpu_ms: Optional[float] = None
     # With contents("memory_snapshot"): the allocator snapshot written next to the trace.
     memory_snapshot: Optional[str] = None

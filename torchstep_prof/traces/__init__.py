@@ -1,5 +1,8 @@
-"""Trace files once written: names, reading them back, and what the CLI makes of them.
+"""Trace files once written: their names, reading them back, and what the command line makes of them.
 
-Trace files once written: their names (the one builder and its parser), reading them back, and
-what the command line makes of a folder of them (summarize, merge, report). Nothing here imports
-torch."""
+``names`` is the one builder of a trace's file name and its parser (the training side uses it
+too); ``reading/`` opens a file and describes it, ``analysis/`` turns a folder of described
+traces into records (summarize, findings, collective waits, memory, diff, merge) and ``report/``
+renders those records as one HTML page. Each layer imports only the ones before it, and nothing
+here imports torch.
+"""

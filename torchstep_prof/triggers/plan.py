@@ -22,7 +22,28 @@ from ..selection.rules import rank_selected
 from ..topology import current_topology
 from .request import Request
 
-__all__ = ["Plan", "TriggeredFrame"]
+__all__ = ["Plan", "TriggeredFrame", "use_engine"]
+
+
+class Engine(Protocol):
+    """What a plan uses of ``engine.Engine``: the engine imports this package, so it registers
+    itself here (:func:`use_engine`) instead of being imported."""
+
+    def prepare(self, frame: Frame) -> None: ...
+
+    def finish(self, scope: HookScope, where: Any = None) -> None: ...
+
+    def ensure_atexit(self) -> None: ...
+
+
+# The process's one engine, registered when engine.py is imported: regions, scopes and the start-up
+# import it before any frame can opt in to on-demand traces.
+ENGINE: list[Engine] = []
+
+
+def use_engine(engine: Engine) -> None:
+    """Drive ``engine`` from on-demand plans: their warm-up, their finish hooks, the exit work."""
+    ENGINE[:] = [engine]
 
 
 class _Owner(Protocol):
@@ -104,9 +125,7 @@ class Plan:
             self.retire()
         elif self._frame is None and not frame.disabled:
             # Before the first planned step: pay the profiler's warm-up here, not inside it.
-            from ..engine import ENGINE
-
-            ENGINE.prepare(self.frame_over(frame))
+            ENGINE[0].prepare(self.frame_over(frame))
         return frame
 
     def retire(self, ending: bool = False) -> None:
@@ -125,12 +144,9 @@ class Plan:
         else:
             self.entry["outcome"] = f"profiled {_shown(self.steps)}"
         if frame is not None and frame.hook_scope is not None and not frame.hook_scope.finished:
-            from ..engine import ENGINE
-
-            ENGINE.finish(frame.hook_scope, frame.config)  # as a schedule's scope exit would
+            ENGINE[0].finish(frame.hook_scope, frame.config)  # as a schedule's scope exit would
 
     def _report_missed(self, missed: list[int], ending: bool) -> None:
-        from ..engine import ENGINE
         from ..summary.records import STORE
 
         profiled = sorted(self.seen & self.steps)
@@ -144,7 +160,7 @@ class Plan:
                 "larger --align or a later --at"
             )
         line = f"on-demand request {self.request.id}: step(s) {_shown(missed)} not profiled ({where})"
-        ENGINE.ensure_atexit()
+        ENGINE[0].ensure_atexit()
         # A line of its own, not the missed-steps row: that one says the steps never ran, and
         # these did, unprofiled, before this rank read the request.
         STORE.add_attention(f"on-demand-{self.request.id}", line)

@@ -29,7 +29,7 @@ from ..config.model import OnDemandConfig
 from ..errors import ConfigError, TorchstepProfWarning, warn
 from ..selection.frames import Frame, frame_if_read, when_a_frame_opts_in
 from ..topology import current_topology
-from .plan import Plan
+from .plan import ENGINE, Plan
 from .request import MAX_ID_LENGTH, MAX_STEPS, REQUEST_FILE, read_request
 from .status import MAX_SERVED, read_status, status_path
 
@@ -286,11 +286,9 @@ def watch(frame: Frame) -> None:
             )
             return
         ON_DEMAND.watcher = watcher
-    from ..engine import ENGINE
-
     # The engine's exit work first: atexit runs the latest registered first, so the watcher's
     # stop (a plan's missed steps) comes before the summary.
-    ENGINE.ensure_atexit()
+    ENGINE[0].ensure_atexit()
     atexit.register(_stop_at_exit, watcher)
 
 

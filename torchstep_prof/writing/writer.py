@@ -38,10 +38,10 @@ from .trace_tail import TraceTailError, finish_tail, set_trace_name
 from ..errors import TraceWriteWarning, warn
 from ..naming import TraceName, build_trace_name
 from ..summary.records import STORE, TraceRecord
-from ..recording.interrupts import interruptible
+from ..interrupts import interruptible
 from ..recording.range_names import RANGE_NAMES
 from ..recording.stopped import Outcome, StoppedTrace
-from ..traces.gpu_time import trace_gpu_ms
+from ..traces.reading.gpu_time import trace_gpu_ms
 
 __all__ = ["MAX_PENDING", "OnWritten", "TraceWriter", "TraceWriteWarning"]
 

@@ -6,7 +6,7 @@ default, every K-th with ``step_every=K``; see ``step_on``) ends a step, and a s
 does. A step's trace ends, and the next one's begins, at the same instant: the first point after
 the boundary at which every ``record_function`` range the training thread opened since the
 step began has closed (``open_ranges``): torch's own ``Optimizer.step#...`` range (a profiler
-started inside it crashes, TORCH_FACTS.md), and a user's range around the iteration, which is
+started inside it crashes: docs/known-torch-behaviours.md), and a user's range around the iteration, which is
 so held whole by its own step's trace. The data loader, ``zero_grad`` and anything else before
 the next forward are the next step's. A range that outlives the step (an epoch's) cannot be
 waited for: the next range that opens ends the step, and no trace of ours starts until that
@@ -252,7 +252,7 @@ class StepDriver:
         self._watch.ignoring = True
         try:
             # Entered here, not by stack.enter_context: a Ctrl-C between the step's entry and its
-            # exit being pushed then lands in our frame, which holds it (recording/interrupts.py).
+            # exit being pushed then lands in our frame, which holds it (interrupts.py).
             block = step(number)
             block.__enter__()
             stack.push(block.__exit__)

@@ -14,9 +14,9 @@ from typing import Any, Iterable, Optional, Sequence, Tuple
 
 import attrs
 
-from .events import op_stats_by_region
-from .files import TraceInfo, TraceReadError, Unreadable, load_trace
-from ..naming import sanitize_label
+from ..reading.events import op_stats_by_region
+from ..reading.files import TraceInfo, TraceReadError, Unreadable, load_trace
+from ...naming import sanitize_label
 
 __all__ = ["DiffResult", "OpChange", "RegionChange", "diff_to_dict", "diff_traces", "side_stats"]
 

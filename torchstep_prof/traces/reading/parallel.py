@@ -1,7 +1,7 @@
 """Reading a large folder fast: several processes, and the per-file summary cache.
 
-:func:`scan_paths` is :func:`~torchstep_prof.traces.files.scan_traces` for the command line: the
-files the cache (:mod:`~torchstep_prof.traces.cache`) still describes are not opened, the others
+:func:`scan_paths` is :func:`~torchstep_prof.traces.reading.files.scan_traces` for the command line: the
+files the cache (:mod:`~torchstep_prof.traces.reading.cache`) still describes are not opened, the others
 are read by ``jobs`` processes (each holds one file at a time, so memory stays bounded by the
 largest file times ``jobs``; only descriptions come back), and the cache is updated.
 """
@@ -45,7 +45,7 @@ def scan_paths(
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> tuple[list[TraceInfo], list[Unreadable]]:
     """The traces among ``paths`` that pass ``filters`` and the files skipped, as
-    :func:`~torchstep_prof.traces.files.scan_traces` returns them; ``cache`` (saved at the end)
+    :func:`~torchstep_prof.traces.reading.files.scan_traces` returns them; ``cache`` (saved at the end)
     answers for unchanged files, ``jobs`` processes read the rest.
 
     >>> cache = SummaryCache.for_folder("outputs/profile")                  # doctest: +SKIP

@@ -1,11 +1,11 @@
 """The content of ``torchstep-prof report``: what a folder of traces holds, as plain records.
 
 Data first: :func:`build_report` turns scanned traces (one per file, read one at a time by
-:func:`~torchstep_prof.traces.files.scan_traces`) into a :class:`Report` — summarize's groups, the
+:func:`~torchstep_prof.traces.reading.files.scan_traces`) into a :class:`Report` — summarize's groups, the
 findings, the collective waits and memory per region, timeline bars on wall-clock time (one
 per discrete trace; a fused trace's step and one per region entry inside it), each region's
 top operators (inside fused traces too), and a comparison with a baseline when given. Nothing
-here draws: :mod:`torchstep_prof.traces.report_page` renders a report as an HTML page.
+here draws: :mod:`torchstep_prof.traces.report.page` renders a report as an HTML page.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Iterable, Optional, Sequence, Tuple
 
 import attrs
 
-from .collectives import CollectiveWaits, find_waits
-from .diff import DiffResult
-from .findings import FINDINGS_DEPTH, Finding, find_findings
-from .memory import RegionMemory, find_memory
-from ..naming import parse_trace_name
-from .runs import OtherRun
-from .summarize import DEFAULT_STRAGGLER_RATIO, Summary, summarize, trim_summary
-from .files import OpTime, TraceInfo, Unreadable, started_at
+from ..analysis.collectives import CollectiveWaits, find_waits
+from ..analysis.diff import DiffResult
+from ..analysis.findings import FINDINGS_DEPTH, Finding, find_findings
+from ..analysis.memory import RegionMemory, find_memory
+from ...naming import parse_trace_name
+from ..analysis.runs import OtherRun
+from ..analysis.summarize import DEFAULT_STRAGGLER_RATIO, Summary, summarize, trim_summary
+from ..reading.files import OpTime, TraceInfo, Unreadable, started_at
 
 __all__ = ["REGION_TOP_OPS", "RegionOps", "Report", "TimelineBar", "build_report"]
 
@@ -99,9 +99,9 @@ def build_report(
 ) -> Report:
     """The report of ``infos`` (scanned with ``top`` >= :data:`FINDINGS_DEPTH` so that findings
     compare ranks over deep operator lists); ``diff`` is the comparison with a baseline
-    (:func:`~torchstep_prof.traces.diff.diff_traces`), shown in a section of its own.
+    (:func:`~torchstep_prof.traces.analysis.diff.diff_traces`), shown in a section of its own.
 
-    >>> from torchstep_prof.traces.files import scan_traces
+    >>> from torchstep_prof.traces.reading.files import scan_traces
     >>> scanned = scan_traces("outputs/profile", top=FINDINGS_DEPTH)  # doctest: +SKIP
     >>> report = build_report("outputs/profile", *scanned)  # doctest: +SKIP
     """

@@ -3,7 +3,7 @@
 One JSON file per trace folder, under the user's cache home (``$TORCHSTEP_PROF_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/torchstep_prof``, else ``~/.cache/torchstep_prof``), never in the trace folder:
 a read-only folder (a mounted bucket, another user's run) is cached like any other. Each entry is
-one file's description (:class:`~torchstep_prof.traces.files.TraceInfo`) or the reason it was
+one file's description (:class:`~torchstep_prof.traces.reading.files.TraceInfo`) or the reason it was
 skipped, keyed by the file's real path and valid while the file's size and modification time
 (nanoseconds) are unchanged and it was read with at least as many operators as asked for. A cache
 written by another version of torchstep_prof is ignored; one that cannot be read or written is
@@ -33,7 +33,7 @@ _FORMAT = 2
 
 _NOT_CONTENTS = ("cannot read", "not a regular file", "a symbolic link")
 """Reasons a file is skipped that its contents do not decide (see
-:mod:`~torchstep_prof.traces.loading`): never cached."""
+:mod:`~torchstep_prof.traces.reading.loading`): never cached."""
 
 
 def cache_dir() -> str:
@@ -157,7 +157,7 @@ class SummaryCache:
         return cls(os.path.join(cache_dir(), name))
 
     def _load(self) -> None:
-        from .. import __version__
+        from ... import __version__
 
         try:
             with open(self.path, "rb") as handle:
@@ -212,7 +212,7 @@ class SummaryCache:
         """Write the cache if anything changed (atomically); a failure is kept in ``problem``."""
         if not self._changed:
             return
-        from .. import __version__
+        from ... import __version__
 
         # Files gone since: their entries go (a folder that is cleaned keeps a small cache).
         for key in [k for k in self._entries if k not in self._seen and not os.path.exists(k)]:

@@ -1,4 +1,4 @@
-"""Rendering a :class:`~torchstep_prof.traces.report.Report` as one self-contained HTML page.
+"""Rendering a :class:`~torchstep_prof.traces.report.content.Report` as one self-contained HTML page.
 
 Charts are plotly figures written as plain JSON specs and drawn by plotly.js, which is inlined
 (the page opens offline). Figures are drawn when they scroll into view, so a page of hundreds of
@@ -13,15 +13,15 @@ import os
 import statistics
 from typing import Any, Sequence
 
-from .collectives import describe_waits
-from .findings import describe_finding
-from .report import Report
-from .report_diagnosis import baseline_section, memory_section, waits_section
-from .report_steps import region_colors, steps_section, timeline_figure
-from .report_template import PAGE, SCRIPT, STYLE
-from .report_text import axis_labels, chart_text, escape as _e, label_margin, script_json
-from .runs import OtherRun
-from .summarize import STRAGGLER_MIN_MS, GroupSummary
+from ..analysis.collectives import describe_waits
+from ..analysis.findings import describe_finding
+from .content import Report
+from .diagnosis import baseline_section, memory_section, waits_section
+from .steps import region_colors, steps_section, timeline_figure
+from .template import PAGE, SCRIPT, STYLE
+from .text import axis_labels, chart_text, escape as _e, label_margin, script_json
+from ..analysis.runs import OtherRun
+from ..analysis.summarize import STRAGGLER_MIN_MS, GroupSummary
 
 __all__ = ["INSTALL_HINT", "PlotlyMissing", "load_plotlyjs", "render_page"]
 
@@ -50,7 +50,7 @@ def render_page(report: Report, plotlyjs: str) -> str:
 
     Several ranks: per step a timeline (a row per rank) and each group's wall time per rank. One
     rank: every step on one timeline and how the steps vary
-    (:func:`~torchstep_prof.traces.report_steps.steps_section`): a chart of one bar per group
+    (:func:`~torchstep_prof.traces.report.steps.steps_section`): a chart of one bar per group
     would say nothing.
     """
     figures: list[dict[str, Any]] = []

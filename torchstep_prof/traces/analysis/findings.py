@@ -1,7 +1,7 @@
 """What stands out in a folder of traces: each straggler, and the operators that make it slower.
 
-Pure functions over :func:`torchstep_prof.traces.summarize.summarize`'s groups. A group's straggler is
-the one :func:`~torchstep_prof.traces.summarize.find_straggler` flags; it is compared with the group's
+Pure functions over :func:`torchstep_prof.traces.analysis.summarize.summarize`'s groups. A group's straggler is
+the one :func:`~torchstep_prof.traces.analysis.summarize.find_straggler` flags; it is compared with the group's
 median rank (the rank whose wall time is nearest the group's median), operator by operator, by
 self time. :func:`findings_to_dicts` gives the ``findings`` list of ``summarize --json``;
 :func:`describe_finding` says one in words.
@@ -121,8 +121,8 @@ def find_findings(summary: Summary, *, ops: int = FINDING_OPS) -> Tuple[Finding,
     The operator comparison is as deep as the ranks' ``top_ops``: summarize with a generous
     ``top`` (:data:`FINDINGS_DEPTH`) so an operator missing from a list really is small there.
 
-    >>> from torchstep_prof.traces.files import scan_traces
-    >>> from torchstep_prof.traces.summarize import summarize
+    >>> from torchstep_prof.traces.reading.files import scan_traces
+    >>> from torchstep_prof.traces.analysis.summarize import summarize
     >>> scanned = scan_traces("outputs/profile", top=FINDINGS_DEPTH)  # doctest: +SKIP
     >>> for finding in find_findings(summarize(*scanned)):  # doctest: +SKIP
     ...     print(describe_finding(finding))

@@ -14,7 +14,7 @@ import stat
 from typing import IO, Any
 
 from ._json import loads
-from ..errors import TorchstepProfError
+from ...errors import TorchstepProfError
 
 __all__ = ["INFLATE_MIN_BYTES", "INFLATE_RATIO", "TraceReadError", "describe_error", "inflate_limit", "load_trace"]
 

@@ -29,7 +29,7 @@ import threading
 from types import CodeType, FrameType, TracebackType
 from typing import Callable, Optional, TypeVar
 
-from .._fork import at_fork_in_child
+from ._fork import at_fork_in_child
 
 __all__ = ["HeldCtrlC", "hold_ctrl_c", "interruptible", "main_trace_began", "main_trace_ended"]
 

@@ -17,7 +17,7 @@ from typing import Iterable, Optional, Sequence, Tuple
 
 import attrs
 
-from .files import TraceInfo, started_at
+from ..reading.files import TraceInfo, started_at
 
 __all__ = ["FUSED_ROLE", "OtherRun", "RunChoice", "choose_runs", "describe_other_runs"]
 

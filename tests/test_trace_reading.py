@@ -19,7 +19,7 @@ from trace_factory import (
     write_truncated,
 )
 
-from torchstep_prof.traces.files import (
+from torchstep_prof.traces.reading.files import (
     OpTime,
     TraceFilter,
     TraceReadError,
@@ -314,7 +314,7 @@ def test_absurd_times_give_a_finite_wall_time(tmp_path: Path) -> None:
     source = write_trace(tmp_path / "src", sleep_s=0.01)
     info = read_trace_info(write_absurd(tmp_path, source.path, dur=-5))
     assert 0 <= info.wall_ms < 1e14  # a negative duration is ignored like a missing one
-    # Times that are no time make the file corrupt (issue 24): named, never a 0.0 ms row.
+    # Times that are no time make the file corrupt (docs/cli.md, absurd values): named, never a 0.0 ms row.
     for changes in ({"ts": 1e300}, {"dur": float("nan")}, {"dur": 1e300}):
         path = write_absurd(tmp_path, source.path, **changes)
         with pytest.raises(TraceReadError, match=r"absurd times \(2 event\(s\)"):
@@ -339,7 +339,7 @@ def _gzip_padded(source: Path, out: Path, mib: int) -> Path:
 
 
 def test_a_gzip_inflating_past_the_limit_is_skipped_naming_it_in_bounded_memory(folder: dict, tmp_path: Path) -> None:
-    from torchstep_prof.traces.loading import inflate_limit
+    from torchstep_prof.traces.reading.loading import inflate_limit
 
     root = tmp_path / "bomb"
     root.mkdir()

@@ -24,8 +24,8 @@ from typing import Any, Iterable, Iterator
 
 import attrs
 
-from ._json import dumps
-from .files import TraceInfo, TraceReadError, iter_events, load_trace, read_trace_info
+from ..reading._json import dumps
+from ..reading.files import TraceInfo, TraceReadError, iter_events, load_trace, read_trace_info
 
 __all__ = ["MergeResult", "MergedTrack", "merge_traces", "track_label"]
 
@@ -69,7 +69,7 @@ def merge_traces(
 ) -> MergeResult:
     """Write one Chrome trace holding every trace in ``traces``, each as its own process track.
 
-    ``traces`` are :class:`~torchstep_prof.traces.files.TraceInfo` records (from ``scan_traces``)
+    ``traces`` are :class:`~torchstep_prof.traces.reading.files.TraceInfo` records (from ``scan_traces``)
     or paths. The output is gzipped when ``out_path`` ends with ``.gz``, and appears complete or
     not at all. Inputs are read one at a time. Raises :class:`TraceReadError` when an input is
     not a usable trace (with ``skip_bad``, leaves it out and names it in ``skipped`` instead)

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Tu
 
 import attrs
 
-from ..rendering import format_ms, safe_text
-from ..summary.label_wrap import wrap_label
+from ...rendering import format_ms, safe_text, wrap_label
 from .runs import OtherRun
-from .collective_calls import CollectiveCall
-from .files import OpTime, TraceInfo, Unreadable
-from .memory_events import MemoryUse
+from ..reading.collective_calls import CollectiveCall
+from ..reading.files import OpTime, TraceInfo, Unreadable
+from ..reading.memory_events import MemoryUse
 
 if TYPE_CHECKING:  # rich is imported where it renders: grouping traces does not need it
     from rich.console import Console
@@ -93,7 +92,7 @@ class GroupSummary:
 @attrs.frozen(kw_only=True)
 class Summary:
     """Every group found, in role, stage, step, occurrence order; the files that could not be
-    used; the runs left out (several pids for one rank: see :mod:`torchstep_prof.traces.runs`)."""
+    used; the runs left out (several pids for one rank: see :mod:`torchstep_prof.traces.analysis.runs`)."""
 
     groups: Tuple[GroupSummary, ...]
     unreadable: Tuple[Unreadable, ...] = ()
@@ -136,7 +135,7 @@ def summarize(
     Occurrences stay apart (a region that ran twice in a step is two groups, never two ranks).
     Fused traces of a step form one group across ranks, whatever roles each rank ran. A rank
     with two traces in one group keeps both rows; the straggler test uses the slower one
-    (:func:`torchstep_prof.traces.runs.choose_runs` first keeps one run per rank).
+    (:func:`torchstep_prof.traces.analysis.runs.choose_runs` first keeps one run per rank).
     """
     by_group: dict[tuple[str, str, int, int], list[TraceInfo]] = {}
     for info in traces:
@@ -292,7 +291,7 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
     """
     from rich.text import Text
 
-    from ..summary.plain_console import print_stripped
+    from ...rendering import print_stripped
 
     if summary.groups:
         table, ops_below = _table(summary, title, console.width)

@@ -23,7 +23,7 @@ from .gpu_time import gpu_busy_ms
 from .fused import FusedRegions, RegionSpan, RegionTopOps, read_fused_regions
 from .loading import TraceReadError, describe_error as _describe, load_trace
 from .memory_events import MemoryUse, read_memory
-from ..naming import FUSED_STAGE, METADATA_KEY, TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
+from ...naming import FUSED_STAGE, METADATA_KEY, TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
 
 __all__ = [
     "OpTime",
@@ -58,11 +58,11 @@ class TraceInfo:
     nanoseconds when the trace has a base time. ``top_ops`` is filled only when asked for
     (``scan_traces(..., top=n)``). A fused trace also has its ``regions``' entries on the
     step's clock and (with ``top``) each region's ``region_ops``
-    (:mod:`~torchstep_prof.traces.fused`). ``collectives`` are its collective events in order
-    (:mod:`~torchstep_prof.traces.collective_calls`), ``memory`` its ``[memory]`` events per device
-    (:mod:`~torchstep_prof.traces.memory_events`; empty unless recorded with ``contents("memory")``).
+    (:mod:`~torchstep_prof.traces.reading.fused`). ``collectives`` are its collective events in order
+    (:mod:`~torchstep_prof.traces.reading.collective_calls`), ``memory`` its ``[memory]`` events per device
+    (:mod:`~torchstep_prof.traces.reading.memory_events`; empty unless recorded with ``contents("memory")``).
     ``gpu_ms`` is the time kernels ran inside the ``ProfilerStep`` range
-    (:mod:`~torchstep_prof.traces.gpu_time`; None unless recorded with ``contents("cuda")``).
+    (:mod:`~torchstep_prof.traces.reading.gpu_time`; None unless recorded with ``contents("cuda")``).
     """
 
     path: str
@@ -207,7 +207,7 @@ def _unique(values: Iterable[str | None]) -> Tuple[str, ...]:
 
 
 MAX_EPOCH_NS = 10**20
-"""Epoch times past this (year 5138; :data:`~torchstep_prof.traces.events.MAX_TIME_US` in ns) or
+"""Epoch times past this (year 5138; :data:`~torchstep_prof.traces.reading.events.MAX_TIME_US` in ns) or
 before 1970 are corrupt: such a base time would stretch a merged timeline over centuries, and no
 date can be written for it."""
 

@@ -1,7 +1,7 @@
 """Memory per region across ranks: peak and net growth, the allocating ops, and imbalance.
 
-Pure functions over :func:`~torchstep_prof.traces.summarize.summarize`'s groups, whose ranks
-carry each trace's ``[memory]`` reading (:mod:`~torchstep_prof.traces.memory_events`). A group
+Pure functions over :func:`~torchstep_prof.traces.analysis.summarize.summarize`'s groups, whose ranks
+carry each trace's ``[memory]`` reading (:mod:`~torchstep_prof.traces.reading.memory_events`). A group
 (region, step, occurrence; a fused step) has one :class:`RegionMemory` per device: each rank's
 peak and net growth, the operators that allocated most (summed over ranks), and the imbalance,
 the largest peak over the median peak.
@@ -14,7 +14,7 @@ from typing import Any, Iterable, Optional, Tuple
 
 import attrs
 
-from .memory_events import MEMORY_TOP_OPS, OpBytes
+from ..reading.memory_events import MEMORY_TOP_OPS, OpBytes
 from .summarize import Summary
 
 __all__ = ["MIB", "RankMemory", "RegionMemory", "describe_memory", "find_memory", "memory_to_dicts"]
@@ -67,8 +67,8 @@ class RegionMemory:
 def find_memory(summary: Summary, *, top: int = MEMORY_TOP_OPS) -> Tuple[RegionMemory, ...]:
     """Every group's memory per device, for the groups whose traces hold ``[memory]`` events.
 
-    >>> from torchstep_prof.traces.files import scan_traces
-    >>> from torchstep_prof.traces.summarize import summarize
+    >>> from torchstep_prof.traces.reading.files import scan_traces
+    >>> from torchstep_prof.traces.analysis.summarize import summarize
     >>> memory = find_memory(summarize(*scan_traces("outputs/profile")))  # doctest: +SKIP
     """
     found = []

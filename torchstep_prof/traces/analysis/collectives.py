@@ -2,7 +2,7 @@
 
 In synchronous data parallelism every rank leaves a collective together, so wall times are equal
 and a slow rank hides as the others' waiting inside collectives. Reading one trace keeps its
-collectives in order (:mod:`~torchstep_prof.traces.collective_calls`). :func:`find_waits` matches
+collectives in order (:mod:`~torchstep_prof.traces.reading.collective_calls`). :func:`find_waits` matches
 them across the ranks of one group (summarize's groups) by kind, name and ordinal -- never by
 timestamp, since hosts' clocks are not in sync -- and takes a rank's wait as its duration minus
 the shortest across ranks: the rank that waited least arrived last.
@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
-from .collective_calls import WAIT_KINDS, CollectiveCall
+from ..reading.collective_calls import WAIT_KINDS, CollectiveCall
 from .findings import EXPLAINS_SHARE, op_deltas
 from .summarize import STRAGGLER_MIN_MS, GroupSummary, Summary
 
@@ -31,7 +31,7 @@ __all__ = [
 LATE_SHARE = 0.5
 """A group names its late rank when the collectives it arrived last at hold more than this share
 of all the group's waiting (and a rank waited
-:data:`~torchstep_prof.traces.summarize.STRAGGLER_MIN_MS` or more). Weighing by wait, not by
+:data:`~torchstep_prof.traces.analysis.summarize.STRAGGLER_MIN_MS` or more). Weighing by wait, not by
 count: a barrier every rank reaches together must not outvote the all-reduce a rank is 30 ms
 late for."""
 
@@ -96,10 +96,10 @@ def find_waits(summary: Summary) -> Tuple[CollectiveWaits, ...]:
     """The collective waits of every group of ``summary`` with collectives on two ranks or more.
 
     ``summary`` should be summarized with deep operator lists
-    (:data:`~torchstep_prof.traces.findings.FINDINGS_DEPTH`) for the late rank's operators.
+    (:data:`~torchstep_prof.traces.analysis.findings.FINDINGS_DEPTH`) for the late rank's operators.
 
-    >>> from torchstep_prof.traces.files import scan_traces
-    >>> from torchstep_prof.traces.summarize import summarize
+    >>> from torchstep_prof.traces.reading.files import scan_traces
+    >>> from torchstep_prof.traces.analysis.summarize import summarize
     >>> waits = find_waits(summarize(*scan_traces("outputs/profile", top=50)))  # doctest: +SKIP
     """
     found = (_group_waits(group) for group in summary.groups)

@@ -14,8 +14,8 @@ import os
 import statistics
 from typing import Any, Callable, Iterable, Sequence
 
-from .report import Report, TimelineBar
-from .report_text import escape
+from .content import Report, TimelineBar
+from .text import escape
 
 __all__ = ["COLORS", "TIMELINE_STEPS", "WHOLE_STEP", "region_colors", "steps_section", "timeline_figure"]
 

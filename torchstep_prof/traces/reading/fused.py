@@ -1,7 +1,7 @@
 """The regions inside a fused trace: where each ran on the step's clock, and its top operators.
 
 A fused trace holds a whole step; each region of it is a ``<role>/<stage>`` range (see
-:func:`~torchstep_prof.traces.events.region_ranges`). Reading one keeps only what the report
+:func:`~torchstep_prof.traces.reading.events.region_ranges`). Reading one keeps only what the report
 draws, so memory stays small whatever the trace: the outermost ranges of each track (at most
 :data:`MAX_SPANS` per trace, the longest) and each region's ``n`` top operators, ranked in the
 same pass over the events as the trace's own.

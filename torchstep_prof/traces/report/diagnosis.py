@@ -1,8 +1,8 @@
 """The report's diagnosis sections: collective waits, memory per region, changes from a baseline.
 
-Each function takes the :class:`~torchstep_prof.traces.report.Report` and ``chart`` (which files
+Each function takes the :class:`~torchstep_prof.traces.report.content.Report` and ``chart`` (which files
 a plotly figure spec and returns its placeholder ``<div>``, see
-:mod:`~torchstep_prof.traces.report_page`) and returns the section's HTML; a report without such
+:mod:`~torchstep_prof.traces.report.page`) and returns the section's HTML; a report without such
 data gets no section (and no figure).
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import html
 from typing import Any, Callable
 
-from .collectives import describe_waits
-from .memory import MIB, describe_memory
-from .report import Report
-from .report_text import AXIS_LABEL_CHARS, axis_labels, label_margin
+from ..analysis.collectives import describe_waits
+from ..analysis.memory import MIB, describe_memory
+from .content import Report
+from .text import AXIS_LABEL_CHARS, axis_labels, label_margin
 
 __all__ = ["baseline_section", "memory_section", "waits_section"]
 

@@ -1,7 +1,7 @@
 """The fixed parts of the report page: HTML skeleton, style sheet and drawing script.
 
-The fixed parts of the report page: its HTML skeleton, style sheet and the script that draws
-the charts (lazily, as they scroll into view; ``window.tspDrawAll()`` draws every one)."""
+The script draws the charts lazily, as they scroll into view; ``window.tspDrawAll()`` draws
+every one."""
 
 from __future__ import annotations
 

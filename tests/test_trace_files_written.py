@@ -1,4 +1,4 @@
-"""The files a run leaves (SPEC "Trace files"): names, sanitizing, collisions, gzip, metadata.
+"""The files a run leaves (docs/trace-files.md): names, sanitizing, collisions, gzip, metadata.
 
 Every test here that uses ``save_dir`` also has each file it wrote checked by that fixture
 (grammar, JSON, distributedInfo, the ``torchstep_prof`` object, one ProfilerStep row).
