@@ -170,7 +170,7 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Regi
                 step = _step_of(frame, role, stage, None)
         elif frame.label_checks > 0:
             step = _step_of(frame, role, stage, step)
-        first, end, group = frame.no
+        first, end, group = frame.cached_no
         if first <= step < end and group is _GROUPS._default_pg:
             return _IDLE_REGION  # the frame's cached no
         return _decided(frame, role, stage, step)

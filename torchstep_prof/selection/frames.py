@@ -123,9 +123,9 @@ class Frame:
     """One entry of the scope stack (kept small: regions read ``quiet`` on every entry).
 
     The frame holds the one rule for what a step does on this rank (:meth:`action`) and the one
-    answer a region may take without asking it, :attr:`no`: ``(first, end, group)``, a run of
-    steps ``first <= n < end`` on which this rank profiles nothing, as the rule last found it
-    while ``group`` was torch.distributed's default process group.
+    answer a region may take without asking it, :attr:`cached_no`: ``(first, end, group)``, a
+    run of steps ``first <= n < end`` on which this rank profiles nothing, as the rule last found
+    it while ``group`` was torch.distributed's default process group.
 
     The trade-off, as structlog's filtering logger makes a level below the minimum a no-op
     method: a region on a step inside that run, under the same group, returns at once (a tuple
@@ -138,7 +138,7 @@ class Frame:
     """
 
     __slots__ = (
-        "config", "idle", "disabled", "hook_scope", "plan", "no", "schedule_scope",
+        "config", "idle", "disabled", "hook_scope", "plan", "cached_no", "schedule_scope",
         "rank_group", "rank_ok", "label_checks", "metrics", "quiet", "screened",
     )  # fmt: skip
 
@@ -162,7 +162,7 @@ class Frame:
         if schedule is not None:
             self.plan = ExplicitPlan(schedule.steps) if schedule.steps is not None else CyclePlan(schedule)
         # The cached "no" (see the class docstring): empty until the rule first answers no.
-        self.no: tuple[int, int, Any] = (0, 0, _UNDECIDED)
+        self.cached_no: tuple[int, int, Any] = (0, 0, _UNDECIDED)
         self.rank_group: Any = _UNDECIDED
         self.rank_ok = False
         # The first regions under a frame check their labels even on steps they skip, so a
@@ -206,20 +206,20 @@ class Frame:
 
     def action(self, step: int) -> StepAction:
         """What to do for ``step`` on this rank under this frame: the one rule (regions, step
-        blocks and the zero-code runner all ask here), which also keeps :attr:`no`.
+        blocks and the zero-code runner all ask here), which also keeps :attr:`cached_no`.
 
         >>> from torchstep_prof.config.model import ProfilerConfig, ScheduleConfig
         >>> frame = Frame(ProfilerConfig(schedule=ScheduleConfig(steps=(3, 7))), None)
-        >>> frame.action(3).name, frame.action(5).name, frame.no[:2]
+        >>> frame.action(3).name, frame.action(5).name, frame.cached_no[:2]
         ('RECORD', 'NONE', (4, 7))
         """
         group = default_group()
         if not (self.rank_ok if self.rank_group is group else self.rank_selected()):
-            self.no = (0, NO_END, group)  # a rank not selected profiles no step
+            self.cached_no = (0, NO_END, group)  # a rank not selected profiles no step
             return NONE
         first, end, action = self.plan.run_of(step)
         if action is NONE:
-            self.no = (first, end, group)
+            self.cached_no = (first, end, group)
         return action
 
 
