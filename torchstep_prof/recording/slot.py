@@ -1,9 +1,10 @@
 """The process's one torch profiler slot: the only code that starts or stops torch's profiler.
 
 Exactly one profiler of ours runs per process. The slot is a small state machine guarded by
-one lock, its moves written as tables in :mod:`.slot_states`: ``IDLE`` (free), ``STARTING`` (a thread starts a trace or warms the profiler up),
-``RECORDING`` (a trace records: :attr:`ProfilerSlot.session`), ``STOPPING`` (a thread stops
-one and hands it to the writer), ``FORKED`` (a forked child: inert for good). Kineto crashes
+one lock, its moves written as tables in :mod:`.slot_states`: ``IDLE`` (free), ``STARTING`` (a
+thread starts a trace or warms the profiler up), ``RECORDING`` (a trace records:
+:attr:`ProfilerSlot.session`), ``STOPPING`` (a thread stops one and hands it to the writer),
+``FORKED`` (a forked child: inert for good). Kineto crashes
 when one thread starts a profiler while another stops one, so a start waits while the slot
 is ``STARTING`` or ``STOPPING``. It also owns the one-time warm-up, the check for someone
 else's profiler, and where the nested fast path of regions applies.
@@ -99,8 +100,8 @@ class OwnedTrace:
 
 StartResult = Union[OwnedTrace, TraceSession, Foreign, None]
 """What :meth:`ProfilerSlot.start` returns: the started trace's :class:`OwnedTrace`; the
-:class:`TraceSession` another thread started meanwhile (or recorded in a forked child's parent:
-None then); :data:`FOREIGN`; or None when torch failed to start."""
+:class:`TraceSession` another thread started meanwhile; :data:`FOREIGN` while someone else's
+profiler runs; None when torch failed to start, or in a forked child."""
 
 
 class ProfilerSlot:
