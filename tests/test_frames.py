@@ -1,8 +1,9 @@
 """The one selection rule (``Frame.action``) and the "no" it caches for regions, without torch.
 
 A frame's rule must give what the schedule and rank rules say for every step, in any order of
-asking; the run of steps it caches as "no" (``Frame.cached_no``, which regions return on without
-asking) must only ever hold steps the rule says no to, and hold the step it was cached for.
+asking; the "no" it caches for regions to return on without asking (``Frame.cached_no``, a run
+of steps; ``Frame.rank_no``, a rank not selected under a process group) must only ever hold
+steps the rule says no to, and hold the step it was cached for.
 This module imports no torch: ``test_the_rule_modules_run_without_torch`` runs it with torch
 made unimportable.
 """
@@ -52,10 +53,10 @@ def frame_for(schedule: ScheduleConfig | None, ranks: tuple[int, ...] = (0,)) ->
 
 
 def in_no(frame: Frame, step: int) -> bool:
-    """Whether a region on ``step`` would return the frame's cached no (the group is None
-    here: torch.distributed is not imported)."""
-    first, end, group = frame.cached_no
-    return first <= step < end and group is None
+    """Whether a region on ``step`` would return a no the frame cached (the default process
+    group is None here: torch.distributed is not initialized)."""
+    first, end = frame.cached_no
+    return first <= step < end or frame.rank_no is None
 
 
 # --- the plans: a schedule's run of steps around a step -----------------------------------------
@@ -116,7 +117,7 @@ def test_the_rule_is_the_schedules_in_any_order_and_its_no_never_hides_a_yes(sch
         if action is NONE:
             assert in_no(frame, step)  # cached for the step it answered
         # Whatever was asked before, the cache holds only steps the rule says no to.
-        first, end, _ = frame.cached_no
+        first, end = frame.cached_no
         assert all(step_action(schedule, n) is NONE for n in range(first, min(end, HORIZON + 10)))
 
 
@@ -127,15 +128,17 @@ def test_a_fresh_frame_caches_nothing_so_its_first_region_asks_the_rule():
 
 def test_a_yes_leaves_the_cached_no_as_it_was():
     frame = frame_for(ScheduleConfig(steps=(5, 9)))
-    assert frame.action(7) is NONE and frame.cached_no[:2] == (6, 9)
+    assert frame.action(7) is NONE and frame.cached_no == (6, 9)
     assert frame.action(5) is RECORD
-    assert frame.cached_no[:2] == (6, 9)  # step 5 is not in it: its regions still ask the rule
+    assert frame.cached_no == (6, 9)  # step 5 is not in it: its regions still ask the rule
+    assert not in_no(frame, 5)
 
 
 def test_a_rank_not_selected_caches_no_for_every_step():
     frame = frame_for(ScheduleConfig(steps=(1, 2)), ranks=(5,))  # this process is rank 0
+    assert not in_no(frame, 1)
     assert frame.action(1) is NONE
-    assert frame.cached_no[:2] == (0, NO_END)
+    assert frame.rank_no is None  # the group it holds for: none, torch.distributed not initialized
     assert all(in_no(frame, n) for n in (0, 1, 2, 10**9))
 
 

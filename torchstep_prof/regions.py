@@ -79,7 +79,7 @@ _SLOT = ENGINE.slot  # its .session: the trace recording now, if any
 CURRENT_STEP = _steps.CURRENT_STEP  # the step block in force: CURRENT_STEP.get(None)
 _STACK = _frames._STACK  # the innermost scope frame: _STACK.get(_ROOT)
 _COUNTERS = _steps.COUNTERS  # role -> stage -> counter: read on every counted region
-_GROUPS = group_registry()  # its _default_pg: the group a frame's cached "no" holds for
+_GROUPS = group_registry()  # its _default_pg: the group a frame's rank_no holds for
 _ON_DEMAND = _watcher.ON_DEMAND  # its .watcher: None unless a scope opted in to on-demand traces
 _Timed = _recorder.TimedRegion  # metrics on: a region timed, not profiled
 _TimedInner = _recorder.TimedInner  # metrics on: a range or a trace, timed
@@ -136,11 +136,11 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Regi
 
     Whether a step is profiled on this rank is decided by one rule, ``Frame.action``
     (selection/frames.py). This function returns without asking it only a "no" the rule
-    cached: the enclosing step block's answer for its step, or the frame's run of steps on
-    which this rank profiles nothing. That makes a region that profiles nothing cost one
-    context-variable read and a few attributes; the price is that every yes, and the first
-    step past each cached run, pays a call to the rule (docs/hot-path.md, "Decide once, cache
-    the no").
+    cached: the enclosing step block's answer for its step, the frame's run of steps its
+    schedule does not profile, or its rank not selected under the current process group. That
+    makes a region that profiles nothing cost one context-variable read and a few attributes;
+    the price is that every yes, and the first step past each cached run, pays a call to the
+    rule (docs/hot-path.md, "Decide once, cache the no").
     """
     frame = _STACK.get(_ROOT)
     if frame is _NESTED.frame and _NESTED.thread == _get_ident() and _get_running_loop() is None:
@@ -170,9 +170,9 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Regi
                 step = _step_of(frame, role, stage, None)
         elif frame.label_checks > 0:
             step = _step_of(frame, role, stage, step)
-        first, end, group = frame.cached_no
-        if first <= step < end and group is _GROUPS._default_pg:
-            return _IDLE_REGION  # the frame's cached no
+        first, end = frame.cached_no
+        if first <= step < end or frame.rank_no is _GROUPS._default_pg:
+            return _IDLE_REGION  # a no the rule cached: the schedule's for this run, or this rank's
         return _decided(frame, role, stage, step)
     return _screened(frame, role, stage, step)
 

@@ -17,7 +17,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from ..config.model import ProfilerConfig
-from .rules import NO_END, NONE, CyclePlan, ExplicitPlan, SchedulePlan, StepAction, rank_selected
+from .rules import NONE, CyclePlan, ExplicitPlan, SchedulePlan, StepAction, rank_selected
 from ..topology import current_topology, default_group
 
 if TYPE_CHECKING:
@@ -122,23 +122,24 @@ _NO_PLAN = ExplicitPlan(())  # no schedule: no step is selected
 class Frame:
     """One entry of the scope stack (kept small: regions read ``quiet`` on every entry).
 
-    The frame holds the one rule for what a step does on this rank (:meth:`action`) and the one
-    answer a region may take without asking it, :attr:`cached_no`: ``(first, end, group)``, a
-    run of steps ``first <= n < end`` on which this rank profiles nothing, as the rule last found
-    it while ``group`` was torch.distributed's default process group.
+    The frame holds the one rule for what a step does on this rank (:meth:`action`) and the two
+    answers a region may take without asking it, both "no", both written only by the rule:
+    :attr:`cached_no`, ``(first, end)``, a run of steps ``first <= n < end`` the schedule does
+    not profile (true for the frame's life: its config never changes); and :attr:`rank_no`,
+    the process group under which this rank was found not selected (true while torch.distributed's
+    default group is that one).
 
     The trade-off, as structlog's filtering logger makes a level below the minimum a no-op
-    method: a region on a step inside that run, under the same group, returns at once (a tuple
-    read and three comparisons, where a call to the rule alone would cost a sixth of what the
-    region may). The price is a cache that must stay true: only :meth:`action` writes it, always
-    with a run its schedule plan or its rank decision gave, stamped with the group that decision
-    holds for. Any other step (a selected one, the first of a new run, any step after the group
-    changed) asks the rule, which then caches the run around it. A frame's config never changes,
-    so a run stays true for the frame's life, and a rank's only while its group does.
+    method: a region on a step the rule said no to returns at once (a tuple read and two
+    comparisons, or one identity check, where a call to the rule alone would cost a sixth of
+    what the region may). The price is a cache that must stay true, so only :meth:`action`
+    writes it, with the run its schedule plan gave or the group its rank decision holds for.
+    Any other step (a selected one, the first of a new run, any step after the group changed)
+    asks the rule, which then caches the run around it.
     """
 
     __slots__ = (
-        "config", "idle", "disabled", "hook_scope", "plan", "cached_no", "schedule_scope",
+        "config", "idle", "disabled", "hook_scope", "plan", "cached_no", "rank_no", "schedule_scope",
         "rank_group", "rank_ok", "label_checks", "metrics", "quiet", "screened",
     )  # fmt: skip
 
@@ -161,8 +162,9 @@ class Frame:
         self.plan: SchedulePlan = _NO_PLAN
         if schedule is not None:
             self.plan = ExplicitPlan(schedule.steps) if schedule.steps is not None else CyclePlan(schedule)
-        # The cached "no" (see the class docstring): empty until the rule first answers no.
-        self.cached_no: tuple[int, int, Any] = (0, 0, _UNDECIDED)
+        # The cached no's (see the class docstring): none until the rule first answers no.
+        self.cached_no: tuple[int, int] = (0, 0)
+        self.rank_no: Any = _UNDECIDED
         self.rank_group: Any = _UNDECIDED
         self.rank_ok = False
         # The first regions under a frame check their labels even on steps they skip, so a
@@ -206,20 +208,20 @@ class Frame:
 
     def action(self, step: int) -> StepAction:
         """What to do for ``step`` on this rank under this frame: the one rule (regions, step
-        blocks and the zero-code runner all ask here), which also keeps :attr:`cached_no`.
+        blocks and the zero-code runner all ask here), which also keeps the no's it caches.
 
         >>> from torchstep_prof.config.model import ProfilerConfig, ScheduleConfig
         >>> frame = Frame(ProfilerConfig(schedule=ScheduleConfig(steps=(3, 7))), None)
-        >>> frame.action(3).name, frame.action(5).name, frame.cached_no[:2]
+        >>> frame.action(3).name, frame.action(5).name, frame.cached_no
         ('RECORD', 'NONE', (4, 7))
         """
         group = default_group()
         if not (self.rank_ok if self.rank_group is group else self.rank_selected()):
-            self.cached_no = (0, NO_END, group)  # a rank not selected profiles no step
+            self.rank_no = group  # a rank not selected profiles no step, while the group holds
             return NONE
         first, end, action = self.plan.run_of(step)
         if action is NONE:
-            self.cached_no = (first, end, group)
+            self.cached_no = (first, end)
         return action
 
 
