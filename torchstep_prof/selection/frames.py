@@ -125,9 +125,9 @@ class Frame:
     The frame holds the one rule for what a step does on this rank (:meth:`action`) and the two
     answers a region may take without asking it, both "no", both written only by the rule:
     :attr:`cached_no`, ``(first, end)``, a run of steps ``first <= n < end`` the schedule does
-    not profile (true for the frame's life: its config never changes); and :attr:`rank_no`,
-    the process group under which this rank was found not selected (true while torch.distributed's
-    default group is that one).
+    not profile (true for the frame's life: its config never changes); and :attr:`rank_no`, the
+    process group under which this rank was found not selected (true while it is
+    torch.distributed's default group).
 
     The trade-off, as structlog's filtering logger makes a level below the minimum a no-op
     method: a region on a step the rule said no to returns at once (a tuple read and two
