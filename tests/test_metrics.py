@@ -264,8 +264,8 @@ _CASES = itertools.count(1)
 )
 @pytest.mark.parametrize("rank", [0, 1], ids=["rank-selected", "rank-not-selected"])
 def test_timed_regions_decide_as_untimed_ones(scope, steps, rank, tmp_path) -> None:
-    """A timed region decides through its own copy of profile_region's rules (regions._decided):
-    the same traces with metrics on as off, by step=, by the counter and inside step blocks."""
+    """A timed region takes another path to the one rule (no cached no): the same traces with
+    metrics on as off, by step=, by the counter and inside step blocks."""
 
     def loop(tag: str) -> None:
         for n in range(1, 6):

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import torchstep_prof as tsp
 
 
@@ -38,8 +40,7 @@ def test_an_unknown_attribute_is_an_attribute_error():
 def test_importing_the_package_imports_neither_torch_nor_the_heavy_libraries():
     # The command line (and tools reading traces) must not pay for torch, rich, cattrs or yaml.
     code = (
-        "import sys, torchstep_prof;"
-        "print(sorted(m for m in ('torch', 'rich', 'cattrs', 'yaml') if m in sys.modules))"
+        "import sys, torchstep_prof;print(sorted(m for m in ('torch', 'rich', 'cattrs', 'yaml') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -72,3 +73,29 @@ def test_an_environment_schedule_loads_every_name_at_import():
     env = {**os.environ, "TORCHSTEP_PROF_OVERRIDES": "schedule.steps=[1000000]"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "False profile_region"
+
+
+def test_a_type_checker_sees_the_regions_and_scopes_types(tmp_path, monkeypatch):
+    # What an IDE shows a user: profile_region is a Region (not Any), a scope decorates a
+    # function keeping its signature, and `as` gets the config in force.
+    api = pytest.importorskip("mypy.api", reason="needs mypy (the lint tools)")
+    user = tmp_path / "user.py"
+    user.write_text(
+        "import torchstep_prof as tsp\n"
+        "@tsp.schedule(steps=[1])\n"
+        "def train(n: int) -> int:\n"
+        "    return n\n"
+        "with tsp.ranks(0) as config, tsp.profile_region('a', 'b'):\n"
+        "    reveal_type(tsp.profile_region('a', 'b'))\n"
+        "    reveal_type(train)\n"
+        "    reveal_type(config)\n"
+    )
+    monkeypatch.setenv("MYPYPATH", os.path.dirname(os.path.dirname(os.path.abspath(tsp.__file__))))
+    out, _, _ = api.run([str(user), "--no-incremental", "--ignore-missing-imports", "--follow-imports=silent"])
+    revealed = [line.split("Revealed type is ")[1] for line in out.splitlines() if "Revealed type is" in line]
+    assert revealed == [
+        '"torchstep_prof.regions.Region"',
+        '"def (n: int) -> int"',
+        '"torchstep_prof.config.model.ProfilerConfig"',
+    ], out
+    assert not [line for line in out.splitlines() if ": error:" in line], out

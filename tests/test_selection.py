@@ -390,10 +390,9 @@ def test_ranges_counts_and_missed_steps_agree_with_step_by_step_selection(
     assert len(missed.ranges) <= 20
 
 
-# profile_region decides inline what Frame.action decides for step blocks and the zero-code
-# runner (a call there would cost a sixth of an idle region): the two must agree, for explicit
-# lists and cycles, selected ranks and not, steps numbered by step= and by the counter, and
-# after torch.distributed's group changes the rank.
+# profile_region returns on a "no" Frame.action cached, asking it otherwise: a region's answer
+# must be the rule's, for explicit lists and cycles, selected ranks and not, steps numbered by
+# step= and by the counter, and after torch.distributed's group changes the rank.
 _schedules = st.one_of(
     st.builds(lambda steps: {"steps": steps}, st.lists(st.integers(0, 30), min_size=1, max_size=6, unique=True)),
     st.fixed_dictionaries(

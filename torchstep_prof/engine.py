@@ -23,13 +23,13 @@ from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfW
 from .recording.range_names import range_name
 from .recording.nvtx import NvtxRange
 from .recording.session import TraceSession, entered, new_range
-from .recording.slot import FOREIGN, ProfilerSlot
+from .recording.slot import FOREIGN, Exiting, ProfilerSlot
 from .recording.stopped import Outcome, StoppedTrace
 from .region_metrics.endpoint import when_started as when_metrics_start
 from .selection import open_blocks, steps
 from .selection.frames import Frame, HookScope, when_env_sets_a_hook
 from .selection.rules import StepAction, last_selected_step
-from .selection.steps import CURRENT_STEP
+from .selection.steps import CURRENT_STEP, StepBlock
 from .topology import current_topology
 from .triggers.plan import use_engine as drive_on_demand_plans
 
@@ -70,7 +70,7 @@ class Engine:
 
     # --- regions and steps -------------------------------------------------------------------
 
-    def start_region(self, frame: Frame, role: str, stage: str, step: int, action: StepAction) -> Any:
+    def start_region(self, frame: Frame, role: str, stage: str, step: int, action: StepAction) -> Optional[Exiting]:
         """Carry out what ``profile_region`` decided (``action`` for ``step`` under ``frame``):
         start a trace, or be a range in one another thread started meanwhile. Returns an object
         whose ``__exit__`` must be called when the region exits, or None."""
@@ -92,7 +92,7 @@ class Engine:
             return NvtxRange(name, new_range(name)) if session.nvtx else new_range(name)
         return session.span(name, role)
 
-    def enter_step(self, frame: Frame, number: int, action: StepAction) -> Any:
+    def enter_step(self, frame: Frame, number: int, action: StepAction) -> Optional[Exiting]:
         """A fused ``step`` block's entry: start the trace it owns (its step is selected)."""
         if self.slot.forked or self.slot.session is not None:
             return None
@@ -107,7 +107,7 @@ class Engine:
                 if number not in session.later_steps:
                     session.later_steps.append(number)
 
-    def step_ending(self, block: Any) -> None:
+    def step_ending(self, block: StepBlock) -> None:
         """A step block ends while a trace records: a region that owns it, entered in that
         block, is being left open across steps (a generator suspended inside it, say)."""
         session = self.slot.session
@@ -133,7 +133,9 @@ class Engine:
 
     # --- the profiler window -----------------------------------------------------------------
 
-    def _start(self, frame: Frame, role: Optional[str], stage: Optional[str], step: int, action: StepAction) -> Any:
+    def _start(
+        self, frame: Frame, role: Optional[str], stage: Optional[str], step: int, action: StepAction
+    ) -> Optional[Exiting]:
         session = TraceSession(
             config=frame.config,
             role=role,

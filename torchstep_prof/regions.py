@@ -2,9 +2,10 @@
 
 These are the hot path: users leave them around every stage of every step. When nothing can be
 profiled (no schedule in force, or profiling disabled) a region reads one context variable and
-one attribute, and returns. ``profile_region`` is the one place that decides what a region does
-(a range in a running trace, nothing, or a trace of its own that the engine starts); a ``step``
-block decides once for the regions inside it. Why the code looks as it does: docs/hot-path.md.
+one attribute, and returns. ``profile_region`` is where a region finds out what it does (a range
+in a running trace, nothing, or a trace of its own that the engine starts): from the one rule,
+``Frame.action``, or from a "no" that rule cached; a ``step`` block asks the rule once for the
+regions inside it. Why the code looks as it does: docs/hot-path.md.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import functools
 from asyncio import _get_running_loop
 from threading import get_ident as _get_ident
-from typing import Any, Callable, Optional, TypeVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from . import engine as _engine
 from .selection import frames as _frames
@@ -24,16 +26,30 @@ from .region_metrics import recorder as _recorder
 from .recording.range_names import RANGE_NAMES as _RANGE_NAMES
 from .recording.range_names import range_name
 from .recording.slot import NESTED_FAST_PATH as _NESTED
+from .recording.slot import Exiting
 from .recording.session import new_range
 from .topology import group_registry
 from .selection.frames import _ROOT, Frame, current_frame
 from .selection.rules import NONE as _NONE
-from .selection.rules import RECORD as _RECORD
 from .selection.rules import StepAction
 
-__all__ = ["begin_step", "end_step", "profile_region", "profiled", "step"]
+__all__ = ["Region", "begin_step", "end_step", "profile_region", "profiled", "step"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Region(Protocol):
+    """What :func:`profile_region` returns: a context manager for one ``with``.
+
+    What ``as`` gets is unspecified (a region that profiles nothing is a shared no-op); a region
+    never suppresses an exception from its block.
+    """
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType], /
+    ) -> Optional[bool]: ...
 
 
 class _IdleRegion:
@@ -45,7 +61,12 @@ class _IdleRegion:
     """
 
     __slots__ = ()
-    __exit__ = staticmethod("".format)
+    if TYPE_CHECKING:  # returns "", falsy: the exception propagates
+
+        def __exit__(self, *exc_info: object) -> None: ...
+
+    else:
+        __exit__ = staticmethod("".format)
 
     def __enter__(self) -> _IdleRegion:
         return self
@@ -58,13 +79,14 @@ _SLOT = ENGINE.slot  # its .session: the trace recording now, if any
 CURRENT_STEP = _steps.CURRENT_STEP  # the step block in force: CURRENT_STEP.get(None)
 _STACK = _frames._STACK  # the innermost scope frame: _STACK.get(_ROOT)
 _COUNTERS = _steps.COUNTERS  # role -> stage -> counter: read on every counted region
-_GROUPS = group_registry()  # its _default_pg: the group a frame's rank decision holds for
+_GROUPS = group_registry()  # its _default_pg: the group a frame's rank_no holds for
 _ON_DEMAND = _watcher.ON_DEMAND  # its .watcher: None unless a scope opted in to on-demand traces
 _Timed = _recorder.TimedRegion  # metrics on: a region timed, not profiled
 _TimedInner = _recorder.TimedInner  # metrics on: a range or a trace, timed
 _perf = _recorder._perf
 _record_step = _recorder.record_step
 _count = _steps.count  # the next number of (role, stage)'s counter
+_new_range: Callable[[str], Region] = new_range  # a torch range, not yet entered
 
 
 class _Region:
@@ -78,7 +100,7 @@ class _Region:
         self.stage = stage
         self.step = step
         self.action = action
-        self._active: Any = None
+        self._active: Optional[Exiting] = None
 
     def __enter__(self) -> _Region:
         if self._active is not None:
@@ -93,7 +115,7 @@ class _Region:
             active.__exit__(exc_type, exc, tb)
 
 
-def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
+def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Region:
     """Mark a region of a training step as ``<role>/<stage>``; use it in a ``with``.
 
     On a selected step and rank the outermost region starts the profiler and writes its own
@@ -111,128 +133,95 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
     it is entered; the object is meant for that one ``with``. With no schedule in force (or
     profiling disabled) this returns a shared no-op at once: the cost of leaving regions in
     production code. Under ``tsp.metrics`` every region is also timed (profiled or not).
+
+    Whether a step is profiled on this rank is decided by one rule, ``Frame.action``
+    (selection/frames.py). This function returns without asking it only a "no" the rule
+    cached: the enclosing step block's answer for its step, the frame's run of steps its
+    schedule does not profile, or its rank not selected under the current process group. That
+    makes a region that profiles nothing cost one context-variable read and a few attributes;
+    the price is that every yes, and the first step past each cached run, pays a call to the
+    rule (docs/hot-path.md, "Decide once, cache the no").
     """
-    # The hot path: each branch does the least it can. Not profiling: one context-variable read
-    # and a few attributes. Inside a running trace: the range object itself, entered by the
-    # caller's `with` (torch's C methods, no Python frame of ours around it).
     frame = _STACK.get(_ROOT)
     if frame is _NESTED.frame and _NESTED.thread == _get_ident() and _get_running_loop() is None:
-        # The common case inside a trace, in as few steps as possible: a region nested in a
-        # discrete trace, in the owner's thread, under its scopes and step (nothing to count).
-        # Not in an asyncio task (an event loop started inside the owner's region): tasks
-        # interleave, so their regions are spans, never ranges on the owner's range stack.
-        # (No trace: _NESTED.frame is None, and this costs one comparison.)
+        # The common case inside a trace: a region nested in a discrete trace, in the owner's
+        # thread, under its scopes and step (nothing to count). Not in an asyncio task (an event
+        # loop started inside the owner's region): tasks interleave, so their regions are spans,
+        # never ranges on the owner's range stack. (No trace: one comparison, None.)
         try:
-            return new_range(_RANGE_NAMES[role][stage])
+            return _new_range(_RANGE_NAMES[role][stage])
         except KeyError:
             pass
+    if _SLOT.session is None and not frame.screened:
+        if frame.quiet:  # no schedule in force, or profiling disabled
+            return _IDLE_REGION
+        # A schedule in force, no trace recording, metrics off: the region's step (``step=``,
+        # else the step block's, else the counter's), then a cached "no" or the rule.
+        if step is None:
+            current = CURRENT_STEP.get(None)
+            if current is None:
+                try:
+                    step = next(_COUNTERS[role][stage])
+                except KeyError:  # labels are checked when the counter is made
+                    step = _step_of(frame, role, stage, None)
+            elif current.skip_frame is frame:
+                return _IDLE_REGION  # the step block's cached no: not this step, or not this rank
+            else:
+                step = _step_of(frame, role, stage, None)
+        elif frame.label_checks > 0:
+            step = _step_of(frame, role, stage, step)
+        first, end = frame.cached_no
+        if first <= step < end or frame.rank_no is _GROUPS._default_pg:
+            return _IDLE_REGION  # a no the rule cached: the schedule's for this run, or this rank's
+        return _decided(frame, role, stage, step)
+    return _screened(frame, role, stage, step)
+
+
+def _screened(frame: Frame, role: str, stage: str, step: Optional[int]) -> Region:
+    """What a region is while a trace records, under the root frame until it is resolved, or
+    timed (metrics on): a range in the trace, nothing, or a trace of its own (the rule's yes)."""
+    inner: Region
     session = _SLOT.session
-    if session is not None:
-        if frame.metrics is not None:  # (never the nested fast path's frame: the engine sees to it)
-            inner = _in_trace(frame, session, role, stage, step)
-            return _Timed(role, stage) if inner is _IDLE_REGION else _TimedInner(role, stage, inner)
-        # Any thread or task: while a trace records, a region is a range in it.
+    if session is not None:  # any thread or task: while a trace records, a region is a range in it
         if frame.disabled:
-            return _IDLE_REGION
-        if step is None and not frame.idle and CURRENT_STEP.get(None) is None:
-            _count(role, stage)  # counters count every entry under a schedule (only)
-        return ENGINE.range_in(session, role, stage)
-    if frame.quiet:  # nothing to profile, metrics off
-        return _IDLE_REGION
-    if frame.screened:  # the root frame, or metrics on (as cheap a test as `frame is _ROOT`)
-        if frame is _ROOT:  # first region outside every scope: read the environment once
-            frame = current_frame()
-            if frame.quiet:
-                return _IDLE_REGION
-        if frame.metrics is not None:
-            if frame.idle:
-                return _Timed(role, stage)
-            inner = _decided(frame, role, stage, step)
-            return _Timed(role, stage) if inner is _IDLE_REGION else _TimedInner(role, stage, inner)
-    # No trace records and a schedule is in force: here, and only here, a region's fate is
-    # decided. Its step: ``step=``, else the enclosing step block's, else the counter's; then
-    # the frame's decision for that step and this rank (Frame.action). The commonest outcome,
-    # an explicit list without this step, is one set lookup, inline.
-    if step is None:
-        current = CURRENT_STEP.get(None)
-        if current is not None:
-            if current.skip_frame is frame:
-                return _IDLE_REGION  # the step block decided: not this step, or not this rank
-            _check_labels(role, stage)
-            step = current.number
-            if current.frame is frame:  # the block decided for its own frame
-                action = current.action
-                if action is _NONE:
-                    return _IDLE_REGION
-                frame.selected(step)
-                return _Region(frame, role, stage, step, action)
-            # a scope entered inside the block decides anew, below
+            inner = _IDLE_REGION
         else:
-            try:
-                step = next(_COUNTERS[role][stage])
-            except KeyError:  # labels are checked when the counter is made
-                _check_labels(role, stage)
-                step = _count(role, stage)
-    elif frame.label_checks > 0:  # step=: the first regions under a frame check their labels
-        frame.label_checks -= 1
-        _check_labels(role, stage)
-    # Frame.action(step), inline (docs/hot-path.md, "Decisions inlined and cached"): the schedule's
-    # explicit set or cycle, then the rank decision the frame keeps with the process group it
-    # was made under. tests/test_selection.py checks the two agree.
-    explicit = frame.explicit_steps
-    if explicit is not None:
-        if step not in explicit:
-            return _IDLE_REGION
-        action = _RECORD
+            if step is None and not frame.idle and CURRENT_STEP.get(None) is None:
+                _count(role, stage)  # counters count every entry under a schedule (only)
+            inner = ENGINE.range_in(session, role, stage)
     else:
-        first, end, action = frame.cycle_run
-        if not first <= step < end:
-            first, end, action = frame.cycle_run = frame.cycle.run_of(step)  # type: ignore[union-attr]
-        if action is _NONE:
-            return _IDLE_REGION
-    if frame.rank_group is not _GROUPS._default_pg:
-        frame.rank_selected()
-    if not frame.rank_ok:
-        return _IDLE_REGION
-    frame.selected(step)
-    return _Region(frame, role, stage, step, action)
+        if frame is _ROOT:  # the first region outside every scope: read the environment once
+            frame = current_frame()
+        if frame.idle:
+            inner = _IDLE_REGION
+        else:
+            current = CURRENT_STEP.get(None) if step is None else None
+            if current is not None and current.skip_frame is frame:
+                inner = _IDLE_REGION  # the step block's cached no
+            else:
+                inner = _decided(frame, role, stage, _step_of(frame, role, stage, step))
+    if frame.metrics is None:
+        return inner
+    return _Timed(role, stage) if inner is _IDLE_REGION else _TimedInner(role, stage, inner)
 
 
-def _in_trace(frame: Frame, session: Any, role: str, stage: str, step: Optional[int]) -> Any:
-    """What a region is while a trace records (``profile_region``'s rule, for a timed one)."""
-    if frame.disabled:
-        return _IDLE_REGION
-    if step is None and not frame.idle and CURRENT_STEP.get(None) is None:
-        _count(role, stage)
-    return ENGINE.range_in(session, role, stage)
-
-
-def _decided(frame: Frame, role: str, stage: str, step: Optional[int]) -> Any:
-    """What a region is under a schedule, with no trace recording: ``profile_region``'s rules
-    without its inlining, for a timed region (the same decisions: tests/test_metrics.py)."""
+def _step_of(frame: Frame, role: str, stage: str, step: Optional[int]) -> int:
+    """A region's step: ``step``, else the step block's, else the next of its counter. Its
+    labels are checked the first times, whether or not the step is profiled."""
     if step is None:
         current = CURRENT_STEP.get(None)
-        if current is not None:
-            if current.skip_frame is frame:
-                return _IDLE_REGION
-            _check_labels(role, stage)
-            step = current.number
-            if current.frame is frame:
-                if current.action is _NONE:
-                    return _IDLE_REGION
-                frame.selected(step)
-                return _Region(frame, role, stage, step, current.action)
-        else:
-            _check_labels(role, stage)
-            step = _count(role, stage)
-    elif frame.label_checks > 0:
+        _check_labels(role, stage)
+        return _count(role, stage) if current is None else current.number
+    if frame.label_checks > 0:  # step=: the first regions under a frame check their labels
         frame.label_checks -= 1
         _check_labels(role, stage)
-    action = frame.action(step)
-    if action is _NONE:
-        return _IDLE_REGION
-    frame.selected(step)
-    return _Region(frame, role, stage, step, action)
+    return step
+
+
+def _decided(frame: Frame, role: str, stage: str, step: int) -> Region:
+    """The rule's answer for ``step`` (``Frame.action``, which also keeps the cached no)."""
+    action = frame.decide(step)
+    return _IDLE_REGION if action is _NONE else _Region(frame, role, stage, step, action)
 
 
 def _check_labels(role: str, stage: str) -> None:
@@ -273,6 +262,8 @@ class step:
         self._end(exc_type, exc, tb)
 
     def _begin(self) -> None:
+        """Where every step begins (``with step(n)``, :func:`begin_step`): the one place per-step
+        work starts; its end is :meth:`_end`, whose engine part is ``Engine.step_exited``."""
         frame = current_frame()
         self._frame_token = None
         watcher = _ON_DEMAND.watcher
@@ -283,10 +274,10 @@ class step:
                 self._frame_token = _STACK.set(frame)  # regions inside decide under it
         self.frame = frame
         self._owned = None
-        # Decided once per step: regions inside read it instead of re-deciding.
+        # The rule, asked once per step (fused mode starts the step's trace on its answer).
         self.action = _NONE if frame.idle else frame.decide(self.number)
-        # Regions of a skipped step return at once, except in the first steps a schedule sees:
-        # those take the full path once, so a label's warnings come early, not on a profiled step.
+        # Its no, cached for the regions inside: they return at once, except in the first steps a
+        # schedule sees: those take the full path once, so a label's warnings come early.
         self.skip_frame = frame if self.action is _NONE and frame.labels_seen_enough() else None
         if _SLOT.session is not None:
             ENGINE.step_began_in_trace(self.number)
@@ -311,7 +302,8 @@ class step:
                 pass
 
     def _end(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        # The block's exit; also end_step's, a scope's exit's and interpreter exit's for a begun step.
+        """Where every step ends: the block's exit; also end_step's, the next begin_step's, a
+        scope's exit's and interpreter exit's for a begun step."""
         if self._t0 is not None:
             _record_step(_perf() - self._t0)
         try:
@@ -382,7 +374,7 @@ def profiled(role: str, stage: Optional[str] = None) -> Callable[[F], F]:
 
     def decorate(fn: F) -> F:
         if isinstance(fn, (classmethod, staticmethod)):  # @profiled above @classmethod
-            return type(fn)(decorate(fn.__func__))  # type: ignore[return-value]
+            return type(fn)(decorate(fn.__func__))
         label = stage if stage is not None else getattr(fn, "__name__", None)
         if not isinstance(label, str):
             raise TypeError(f"@profiled needs stage= for {fn!r}, which has no __name__")

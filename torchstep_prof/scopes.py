@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from typing import Any, Iterator, Optional, Sequence, Union, cast
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar, Union, cast
 
 from ._wrapping import around_each_call
 from .config._scope_fields import evolve_checked
@@ -33,6 +33,7 @@ from .errors import ConfigError, Problem
 from .selection.frames import _STACK, current_frame, frame_for
 
 __all__ = [
+    "Scope",
     "configure",
     "contents",
     "effective_config",
@@ -44,16 +45,27 @@ __all__ = [
 ]
 
 
-# The entries of _Scope objects in this context (scope, its entered manager), innermost last:
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The entries of Scope objects in this context (scope, its entered manager), innermost last:
 # kept per context so that one scope object entered in two threads or tasks exits each its own.
-_ENTERED: contextvars.ContextVar[tuple[tuple[Any, Any], ...]] = contextvars.ContextVar(
-    "torchstep_prof_entered_scopes", default=()
+_ENTERED: contextvars.ContextVar[tuple[tuple[Scope, contextlib.AbstractContextManager[ProfilerConfig]], ...]] = (
+    contextvars.ContextVar("torchstep_prof_entered_scopes", default=())
 )
 
 
-class _Scope:
-    """What each scope function returns: a context manager, and a decorator of functions and
-    coroutine functions (contextlib's decorators would exit before a coroutine runs)."""
+class Scope:
+    """What each scope function returns: a context manager (``as`` gets the config in force
+    inside), and a decorator of functions and coroutine functions (contextlib's decorators would
+    exit before a coroutine runs).
+
+    >>> import torchstep_prof as tsp
+    >>> @tsp.schedule(steps=[2])
+    ... def train():
+    ...     return tsp.effective_config().schedule.steps
+    >>> train()
+    (2,)
+    """
 
     __slots__ = ("_fields",)
 
@@ -77,9 +89,9 @@ class _Scope:
                 return stack[index][1].__exit__(*exc_info)
         raise RuntimeError("torchstep_prof: a scope was exited in a context that did not enter it")
 
-    def __call__(self, fn: Any) -> Any:
+    def __call__(self, fn: F) -> F:
         fields = self._fields
-        return around_each_call(
+        return around_each_call(  # type: ignore[no-any-return]
             fn, lambda: _pushed(fields), "a torchstep_prof scope", "Use the scope as a `with` block inside it."
         )
 
@@ -129,7 +141,7 @@ def schedule(
     warmup: int = 0,
     active: int = 1,
     repeat: int = 1,
-) -> contextlib.AbstractContextManager[ProfilerConfig]:
+) -> Scope:
     """Profile chosen steps: an explicit list of step numbers (>= 0), or torch.profiler's cycle,
     which counts steps from 1 (a step 0 is selected only by an explicit list).
 
@@ -147,12 +159,10 @@ def schedule(
         )
     except ConfigError as exc:  # name the key as the config file would: schedule.wait
         raise exc.under("schedule") from None
-    return _Scope({"schedule": config})
+    return Scope({"schedule": config})
 
 
-def ranks(
-    *ranks: Union[int, Sequence[int]], all_ranks: bool = False
-) -> contextlib.AbstractContextManager[ProfilerConfig]:
+def ranks(*ranks: Union[int, Sequence[int]], all_ranks: bool = False) -> Scope:
     """Profile on chosen global ranks (default: rank 0), or on every rank.
 
     >>> import torchstep_prof as tsp
@@ -167,10 +177,10 @@ def ranks(
     problems: list[Problem] = []
     if not chosen and all_ranks is False:
         problems.append(Problem("ranks", "name at least one rank, or pass all_ranks=True (got none)"))
-    return _Scope({"ranks": chosen or (0,), "all_ranks": all_ranks}, problems)
+    return Scope({"ranks": chosen or (0,), "all_ranks": all_ranks}, problems)
 
 
-def contents(*items: str) -> contextlib.AbstractContextManager[ProfilerConfig]:
+def contents(*items: str) -> Scope:
     """Choose what traces hold: any of cpu, cuda, memory, shapes, stack, flops, modules, nvtx, memory_snapshot.
 
     >>> import torchstep_prof as tsp
@@ -180,7 +190,7 @@ def contents(*items: str) -> contextlib.AbstractContextManager[ProfilerConfig]:
     chosen: tuple[Any, ...] = items
     if len(items) == 1 and isinstance(items[0], (list, tuple)):
         chosen = tuple(items[0])
-    return _Scope({"contents": chosen})
+    return Scope({"contents": chosen})
 
 
 def on_finish(
@@ -193,7 +203,7 @@ def on_finish(
     timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
     relocate: Union[str, os.PathLike[str], Sequence[Union[str, os.PathLike[str]]]] = (),
     wait: bool = False,
-) -> contextlib.AbstractContextManager[ProfilerConfig]:
+) -> Scope:
     """Run ``cmd`` once on each selected rank when profiling under this scope is finished; it
     never runs longer than ``timeout_s`` (600 s by default), even if the training process is
     killed meanwhile.
@@ -217,12 +227,10 @@ def on_finish(
         )
     except ConfigError as exc:  # finish_hook.timeout_s, as the config file names it
         raise exc.under("finish_hook") from None
-    return _Scope({"finish_hook": hook})
+    return Scope({"finish_hook": hook})
 
 
-def on_demand(
-    dir: Union[str, os.PathLike[str]], *, poll_s: float = 1.0
-) -> contextlib.AbstractContextManager[ProfilerConfig]:
+def on_demand(dir: Union[str, os.PathLike[str]], *, poll_s: float = 1.0) -> Scope:
     """Serve on-demand trace requests (``torchstep-prof trigger DIR``) while this scope lasts: a
     background thread polls ``dir`` every ``poll_s`` seconds and writes this rank's step there.
 
@@ -231,10 +239,10 @@ def on_demand(
     ...     train()
     """
     try:
-        config = OnDemandConfig(dir=dir, poll_s=poll_s)  # type: ignore[arg-type]
+        config = OnDemandConfig(dir=dir, poll_s=poll_s)
     except ConfigError as exc:  # on_demand.poll_s, as the config file names it
         raise exc.under("on_demand") from None
-    return _Scope({"on_demand": config})
+    return Scope({"on_demand": config})
 
 
 def metrics(
@@ -243,7 +251,7 @@ def metrics(
     addr: str = "0.0.0.0",
     buckets: Sequence[float] = DEFAULT_BUCKETS,
     enable: bool = True,
-) -> contextlib.AbstractContextManager[ProfilerConfig]:
+) -> Scope:
     """Time every region and step for Prometheus, profiled or not, served at
     ``http://<addr>:<port + LOCAL_RANK>/metrics`` (one endpoint per process, from the first
     scope that turns metrics on; needs the ``[metrics]`` extra). ``addr="0.0.0.0"`` lets any
@@ -263,12 +271,10 @@ def metrics(
         )
     except ConfigError as exc:  # metrics.port, as the config file names it
         raise exc.under("metrics") from None
-    return _Scope({"metrics": config})
+    return Scope({"metrics": config})
 
 
-def configure(
-    config: Union[ProfilerConfig, str, os.PathLike[str], None] = None, **fields: Any
-) -> contextlib.AbstractContextManager[ProfilerConfig]:
+def configure(config: Union[ProfilerConfig, str, os.PathLike[str], None] = None, **fields: Any) -> Scope:
     """Set any field (``save_path``, ``discrete``, ``gzip``, ...); a whole ``ProfilerConfig`` or a
     config file path sets every field, and ``fields`` then apply on top.
 
@@ -277,7 +283,7 @@ def configure(
     ...     pass
     """
     if config is None:
-        return _Scope(fields)
+        return Scope(fields)
     problems: list[Problem] = []
     if isinstance(config, (str, os.PathLike)):
         from .config.files import load_config
@@ -293,4 +299,4 @@ def configure(
     if problems:  # the fields are still checked, against the defaults, for the same error
         evolve_checked(ProfilerConfig(), fields, problems)
     loaded = cast(ProfilerConfig, config)  # anything else was reported above
-    return _Scope(evolve_checked(loaded, fields) if fields else loaded)
+    return Scope(evolve_checked(loaded, fields) if fields else loaded)

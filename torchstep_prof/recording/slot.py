@@ -1,9 +1,10 @@
 """The process's one torch profiler slot: the only code that starts or stops torch's profiler.
 
 Exactly one profiler of ours runs per process. The slot is a small state machine guarded by
-one lock: ``IDLE`` (free), ``STARTING`` (a thread starts a trace or warms the profiler up),
-``RECORDING`` (a trace records: :attr:`ProfilerSlot.session`), ``STOPPING`` (a thread stops
-one and hands it to the writer), ``FORKED`` (a forked child: inert for good). Kineto crashes
+one lock, its moves written as tables in :mod:`.slot_states`: ``IDLE`` (free), ``STARTING`` (a
+thread starts a trace or warms the profiler up), ``RECORDING`` (a trace records:
+:attr:`ProfilerSlot.session`), ``STOPPING`` (a thread stops one and hands it to the writer),
+``FORKED`` (a forked child: inert for good). Kineto crashes
 when one thread starts a profiler while another stops one, so a start waits while the slot
 is ``STARTING`` or ``STOPPING``. It also owns the one-time warm-up, the check for someone
 else's profiler, and where the nested fast path of regions applies.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, Union
 
 import torch
 
@@ -25,25 +26,16 @@ from .foreign import foreign_profiler
 from ..interrupts import HeldCtrlC, hold_ctrl_c, main_trace_began, main_trace_ended
 from .range_names import range_name
 from .session import TraceSession, entered, new_range
+from .slot_states import ON_START, SlotEvent, SlotState, next_state
 
-__all__ = ["FOREIGN", "NESTED_FAST_PATH", "NestedFastPath", "ProfilerSlot", "SlotState"]
+__all__ = [
+    "FOREIGN", "NESTED_FAST_PATH", "Exiting", "Foreign", "NestedFastPath", "OwnedTrace", "ProfilerSlot", "SlotState",
+    "StartResult",
+]  # fmt: skip
 
-
-class SlotState(enum.Enum):
-    IDLE = "idle"
-    STARTING = "starting"
-    RECORDING = "recording"
-    STOPPING = "stopping"
-    FORKED = "forked"
-
-
-_IDLE, _STARTING, _RECORDING, _STOPPING, _FORKED = (
-    SlotState.IDLE,
-    SlotState.STARTING,
-    SlotState.RECORDING,
-    SlotState.STOPPING,
-    SlotState.FORKED,
-)  # docs/hot-path.md, "Enum members as module names"
+# docs/hot-path.md, "Enum members as module names"
+_IDLE, _STARTING, _RECORDING, _STOPPING, _FORKED = SlotState
+_TAKE, _PUBLISH, _RELEASE, _STOP, _FORGET, _FORK = SlotEvent
 
 
 class NestedFastPath:
@@ -63,10 +55,21 @@ class NestedFastPath:
 
 NESTED_FAST_PATH = NestedFastPath()
 
-FOREIGN = object()
+
+class Foreign(enum.Enum):
+    FOREIGN = "foreign"
+
+
+FOREIGN = Foreign.FOREIGN
 """What :meth:`ProfilerSlot.start` returns when someone else's profiler runs (none of ours)."""
 
 WarnOnce = Callable[[str, str, "type[Warning]", int], None]
+
+
+class Exiting(Protocol):
+    """What a block that started something gets back: its ``__exit__`` ends it."""
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any, /) -> object: ...
 
 
 class OwnedTrace:
@@ -95,8 +98,15 @@ class OwnedTrace:
                 self._stop(self.session)
 
 
+StartResult = Union[OwnedTrace, TraceSession, Foreign, None]
+"""What :meth:`ProfilerSlot.start` returns: the started trace's :class:`OwnedTrace`; the
+:class:`TraceSession` another thread started meanwhile; :data:`FOREIGN` while someone else's
+profiler runs; None when torch failed to start, or in a forked child."""
+
+
 class ProfilerSlot:
-    """The state of torch's one profiler in this process, and its transitions."""
+    """The state of torch's one profiler in this process; its moves are the table in
+    :mod:`.slot_states`."""
 
     def __init__(self, warn_once: WarnOnce, on_warmed: Callable[[float], None]) -> None:
         self.lock = threading.Lock()
@@ -115,11 +125,10 @@ class ProfilerSlot:
 
     def start(
         self, session: TraceSession, frame: Any, stop: Callable[[TraceSession], None], starting: Callable[[], None]
-    ) -> Any:
-        """Start ``session`` for the block that owns it under ``frame``. Returns its
-        :class:`OwnedTrace`; or the session another thread started meanwhile; or
-        :data:`FOREIGN`; or None when torch failed to start (warned, recorded). ``starting``
-        runs once this thread holds the slot, just before torch starts."""
+    ) -> StartResult:
+        """Start ``session`` for the block that owns it under ``frame`` (see :data:`StartResult`;
+        a failure to start is warned and recorded). ``starting`` runs once this thread holds the
+        slot, just before torch starts."""
         # A Ctrl-C from here on takes effect once torch's profiler runs and is published (or
         # failed to start): never between the two, where nothing would be left to stop it.
         with hold_ctrl_c() as held:
@@ -132,16 +141,16 @@ class ProfilerSlot:
         stop: Callable[[TraceSession], None],
         starting: Callable[[], None],
         held: HeldCtrlC,
-    ) -> Any:
+    ) -> StartResult:
         role, stage, step = session.owner_role, session.owner_stage, session.step
         while True:
             with self.lock:
-                state = self.state
-                if state is _IDLE:
-                    self.state = _STARTING
+                move = ON_START[self.state]
+                if move == "take":
+                    self._move(_TAKE)
                     session.occurrence = next_occurrence(role, stage, step)
                     break
-                if state is _RECORDING or state is _FORKED:
+                if move == "join":
                     return self.session
             # Another thread starting, stopping or warming up a profiler: wait for it (a few ms,
             # ~1 s for a warm-up) rather than lose this selected step's trace. Polled outside the
@@ -149,7 +158,7 @@ class ProfilerSlot:
             held.deliver_now()  # nothing is taken yet: a Ctrl-C ends the wait
             time.sleep(background.POLL_S)
         if self._foreign_profiler_running():  # none of ours runs (the slot is ours): theirs
-            self._set(_IDLE)
+            self._locked_move(_RELEASE)
             return FOREIGN
         starting()
         try:
@@ -158,7 +167,7 @@ class ProfilerSlot:
             held.deliver_now()  # a Ctrl-C so far (in the warm-up, say): torch is not started for it
             session.start()
         except BaseException as exc:
-            self._set(_IDLE)
+            self._locked_move(_RELEASE)
             if not isinstance(exc, Exception):  # KeyboardInterrupt: nothing left half-started
                 raise
             label = f"{role}/{stage}" if role is not None else "fused trace"
@@ -178,8 +187,7 @@ class ProfilerSlot:
             # Published only once torch's profiler runs: a region that sees it may open a range.
             self.session, self.owner = session, owner
             session.holds_ctrl_c = main_trace_began()
-            if self.state is _STARTING:
-                self.state = _RECORDING
+            self._move(_PUBLISH)
             if (
                 role is not None
                 and current is not None
@@ -198,11 +206,11 @@ class ProfilerSlot:
         return owner
 
     @staticmethod
-    def foreign_range(role: Optional[str], stage: Optional[str]) -> Any:
+    def foreign_range(role: Optional[str], stage: Optional[str]) -> Optional[Exiting]:
         """A region's range while someone else's profiler records, if theirs records in this
         very thread (a range in their trace is harmless there); None otherwise."""
         if role is not None and torch.autograd._profiler_enabled():
-            return entered(new_range(range_name(role, stage or "")))
+            return entered(new_range(range_name(role, stage or "")))  # type: ignore[no-any-return]
         return None
 
     # --- stopping ------------------------------------------------------------------------------
@@ -219,7 +227,7 @@ class ProfilerSlot:
             if self.session is session:
                 self.session = self.owner = None
                 NESTED_FAST_PATH.clear()
-            self.state = _STOPPING
+            self._move(_STOP)
         try:
             session.stop()
         finally:
@@ -227,7 +235,7 @@ class ProfilerSlot:
             try:
                 hand_over(session)
             finally:
-                self._set(_IDLE)
+                self._locked_move(_RELEASE)
         return True
 
     @property
@@ -244,14 +252,14 @@ class ProfilerSlot:
         if self.warmed:
             return
         with self.lock:
-            if self.state is not _IDLE:  # another thread is profiling (or a forked child): later
+            if ON_START[self.state] != "take":  # another thread is profiling (or a forked child): later
                 return
-            self.state = _STARTING
+            self._move(_TAKE)
         try:
             if not self._foreign_profiler_running():
                 self._warm_up_now(contents)
         finally:
-            self._set(_IDLE)
+            self._locked_move(_RELEASE)
 
     def _warm_up_now(self, contents: tuple[str, ...]) -> None:
         # The caller holds the slot (STARTING): no other profiler starts or stops meanwhile.
@@ -280,18 +288,20 @@ class ProfilerSlot:
         )
         return True
 
-    def _set(self, state: SlotState) -> None:
+    def _move(self, event: SlotEvent) -> None:
+        """The one place the state changes (the caller holds :attr:`lock`)."""
+        self.state = next_state(self.state, event)
+
+    def _locked_move(self, event: SlotEvent) -> None:
         with self.lock:
-            if self.state is not _FORKED:
-                self.state = state
+            self._move(event)
 
     def forget_session(self) -> None:
         """Forget the trace recording now without stopping it (a test dropping a leaked one)."""
         with self.lock:
             self.session = self.owner = None
             NESTED_FAST_PATH.clear()
-            if self.state is _RECORDING:
-                self.state = _IDLE
+            self._move(_FORGET)
 
     # --- a forked child ------------------------------------------------------------------------
 
@@ -300,7 +310,7 @@ class ProfilerSlot:
         in the parent (the child must then exit without destructors: see ``_fork.py``)."""
         kineto_ran = self.warmed or self.session is not None
         self.lock = threading.Lock()  # the parent's may have been held by another thread
-        self.state = _FORKED
+        self._move(_FORK)
         self.session = self.owner = None
         NESTED_FAST_PATH.clear()
         return kineto_ran

@@ -2,9 +2,9 @@
 
 Each scope pushes a :class:`Frame` onto a stack held in a ``ContextVar`` (threads and asyncio
 tasks see their own stack). A frame stores the effective config, computed once when the scope is
-entered (innermost field wins, the environment's word on top), and decides once per step and
-rank what a region does there, so a region only reads one attribute to know whether there is
-anything to do. Outside every scope the root frame holds the defaults plus the environment.
+entered (innermost field wins, the environment's word on top), and holds the one rule for
+whether a step is profiled on this rank (:meth:`Frame.action`) with the "no" it caches for
+regions. Outside every scope the root frame holds the defaults plus the environment.
 This module knows nothing of the engine: the engine reads frames, scopes push them.
 """
 
@@ -14,10 +14,10 @@ import contextvars
 import itertools
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Container, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from ..config.model import ProfilerConfig
-from .rules import NONE, RECORD, CyclePlan, StepAction, explicit_steps, rank_selected
+from .rules import NONE, CyclePlan, ExplicitPlan, SchedulePlan, StepAction, rank_selected
 from ..topology import current_topology, default_group
 
 if TYPE_CHECKING:
@@ -116,20 +116,30 @@ class HookScope:
 
 
 _UNDECIDED = object()  # a frame's rank decision before it is made: never a process group
-_NO_STEPS: Container[int] = frozenset()  # no schedule: no step is selected
+_NO_PLAN = ExplicitPlan(())  # no schedule: no step is selected
 
 
 class Frame:
-    """One entry of the scope stack (kept small: regions read ``idle`` on every entry).
+    """One entry of the scope stack (kept small: regions read ``quiet`` on every entry).
 
-    The frame is where a region's step and rank are decided (:meth:`action`): the schedule's
-    explicit list as a set, its cycle as a :class:`CyclePlan`, and the rank decision made once
-    and kept with the process group it was made under (``rank_group``), so it is made again only
-    when torch.distributed's default group changes (one identity check).
+    The frame holds the one rule for what a step does on this rank (:meth:`action`) and the two
+    answers a region may take without asking it, both "no", both written only by the rule:
+    :attr:`cached_no`, ``(first, end)``, a run of steps ``first <= n < end`` the schedule does
+    not profile (true for the frame's life: its config never changes); and :attr:`rank_no`, the
+    process group under which this rank was found not selected (true while it is
+    torch.distributed's default group).
+
+    The trade-off, as structlog's filtering logger makes a level below the minimum a no-op
+    method: a region on a step the rule said no to returns at once (a tuple read and two
+    comparisons, or one identity check, where a call to the rule alone would cost a sixth of
+    what the region may). The price is a cache that must stay true, so only :meth:`action`
+    writes it, with the run its schedule plan gave or the group its rank decision holds for.
+    Any other step (a selected one, the first of a new run, any step after the group changed)
+    asks the rule, which then caches the run around it.
     """
 
     __slots__ = (
-        "config", "idle", "disabled", "hook_scope", "explicit_steps", "cycle", "cycle_run", "schedule_scope",
+        "config", "idle", "disabled", "hook_scope", "plan", "cached_no", "rank_no", "schedule_scope",
         "rank_group", "rank_ok", "label_checks", "metrics", "quiet", "screened",
     )  # fmt: skip
 
@@ -140,24 +150,21 @@ class Frame:
         self.disabled = not config.enable
         # Nothing can be profiled under this frame: regions return at once.
         self.idle = self.disabled or config.schedule is None
-        # Metrics on (region_metrics/recorder.py): every region is timed, profiled or not. A region
-        # returns at once only when the frame is idle and untimed (quiet); a timed frame is
-        # screened, as the root frame is: regions check both only past the quiet test.
+        # Metrics on (region_metrics/recorder.py): every region is timed, profiled or not. A
+        # region returns at once only when the frame is idle and untimed (quiet); a timed frame
+        # is screened, as the unresolved root frame is: regions take the path that checks both.
         metrics = config.metrics
         self.metrics = metrics if metrics is not None and metrics.enable else None
         self.quiet = self.idle and self.metrics is None
         self.screened = self.metrics is not None
         self.hook_scope = hook_scope
         schedule = config.schedule
-        # An explicit list is a set (no schedule: the empty one); a cycle is a CyclePlan.
-        self.explicit_steps: Optional[Container[int]] = _NO_STEPS
-        self.cycle: Optional[CyclePlan] = None
-        self.cycle_run: tuple[int, int, StepAction] = (0, 0, NONE)  # the last run of steps decided
-        if schedule is not None and schedule.steps is not None:
-            self.explicit_steps = explicit_steps(schedule.steps)
-        elif schedule is not None:
-            self.explicit_steps = None
-            self.cycle = CyclePlan(schedule)
+        self.plan: SchedulePlan = _NO_PLAN
+        if schedule is not None:
+            self.plan = ExplicitPlan(schedule.steps) if schedule.steps is not None else CyclePlan(schedule)
+        # The cached no's (see the class docstring): none until the rule first answers no.
+        self.cached_no: tuple[int, int] = (0, 0)
+        self.rank_no: Any = _UNDECIDED
         self.rank_group: Any = _UNDECIDED
         self.rank_ok = False
         # The first regions under a frame check their labels even on steps they skip, so a
@@ -201,21 +208,21 @@ class Frame:
 
     def action(self, step: int) -> StepAction:
         """What to do for ``step`` on this rank under this frame: the one rule (regions, step
-        blocks and the zero-code runner all ask here)."""
-        explicit = self.explicit_steps
-        if explicit is not None:  # the common case, kept to one set lookup
-            if step not in explicit:
-                return NONE
-            action = RECORD
-        else:
-            first, end, action = self.cycle_run
-            if not first <= step < end:
-                first, end, action = self.cycle_run = self.cycle.run_of(step)  # type: ignore[union-attr]
-            if action is NONE:
-                return NONE
-        if self.rank_group is default_group():  # the rank decision still holds
-            return action if self.rank_ok else NONE
-        return action if self.rank_selected() else NONE
+        blocks and the zero-code runner all ask here), which also keeps the no's it caches.
+
+        >>> from torchstep_prof.config.model import ProfilerConfig, ScheduleConfig
+        >>> frame = Frame(ProfilerConfig(schedule=ScheduleConfig(steps=(3, 7))), None)
+        >>> frame.action(3).name, frame.action(5).name, frame.cached_no
+        ('RECORD', 'NONE', (4, 7))
+        """
+        group = default_group()
+        if not (self.rank_ok if self.rank_group is group else self.rank_selected()):
+            self.rank_no = group  # a rank not selected profiles no step, while the group holds
+            return NONE
+        first, end, action = self.plan.run_of(step)
+        if action is NONE:
+            self.cached_no = (first, end)
+        return action
 
 
 class _RootFrame(Frame):
@@ -230,13 +237,12 @@ class _RootFrame(Frame):
     def __init__(self) -> None:
         Frame.__init__(self, ProfilerConfig(), None)
         self.idle = self.quiet = False  # unknown until resolved: send the first region down the slow path
-        self.screened = True  # regions under the root frame always check that it is resolved
+        self.screened = True  # regions under the root frame check that it is resolved, until it is
 
     def resolve(self) -> Frame:
         resolved = frame_for(ProfilerConfig(), parent=None, sets_hook=False)
-        Frame.__init__(self, resolved.config, resolved.hook_scope)
+        Frame.__init__(self, resolved.config, resolved.hook_scope)  # screened now only if timed
         self.schedule_scope = resolved.schedule_scope
-        self.screened = True
         return self
 
 

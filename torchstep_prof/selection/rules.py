@@ -13,14 +13,17 @@ import enum
 import functools
 import itertools
 import operator
-from typing import Container, Iterator, Optional, Sequence
+from typing import Container, Iterator, Optional, Sequence, Union
 
 from ..config.model import ScheduleConfig
 
 __all__ = [
     "CyclePlan",
+    "ExplicitPlan",
+    "NO_END",
     "NONE",
     "RECORD",
+    "SchedulePlan",
     "StepAction",
     "WARMUP",
     "count_selected",
@@ -58,8 +61,10 @@ class _SortedSteps:
         self.steps = steps
 
     def __contains__(self, step: object) -> bool:
+        if not isinstance(step, int):
+            return False
         steps = self.steps
-        i = bisect.bisect_left(steps, step)  # type: ignore[call-overload]
+        i = bisect.bisect_left(steps, step)
         return i < len(steps) and steps[i] == step
 
 
@@ -96,6 +101,34 @@ def step_action(schedule: Optional[ScheduleConfig], step: int) -> StepAction:
     return CyclePlan(schedule).action(step)
 
 
+class ExplicitPlan:
+    """An explicit list of steps, for deciding a step with one membership test (and, for a step
+    not listed, a bisection that finds the gap around it).
+
+    >>> plan = ExplicitPlan((2, 3, 9))
+    >>> plan.run_of(3), plan.run_of(5), plan.run_of(10)
+    ((3, 4, <StepAction.RECORD: 2>), (4, 9, <StepAction.NONE: 0>), (10, 4611686018427387904, <StepAction.NONE: 0>))
+    """
+
+    __slots__ = ("members", "ordered")
+
+    def __init__(self, steps: tuple[int, ...]) -> None:
+        self.members = explicit_steps(steps)
+        self.ordered = sorted_steps(steps)
+
+    def action(self, step: int) -> StepAction:
+        return RECORD if step in self.members else NONE
+
+    def run_of(self, step: int) -> tuple[int, int, StepAction]:
+        """``(first, end, action)``: ``step`` alone when listed, else the gap of unlisted steps
+        ``first <= n < end`` around it."""
+        if step in self.members:
+            return step, step + 1, RECORD
+        ordered = self.ordered
+        i = bisect.bisect_left(ordered, step)
+        return (ordered[i - 1] + 1 if i else 0), (ordered[i] if i < len(ordered) else NO_END), NONE
+
+
 class CyclePlan:
     """torch.profiler's cycle as a few integers, for deciding a step with arithmetic alone.
 
@@ -123,11 +156,11 @@ class CyclePlan:
         ``step`` that share its action. A frame keeps it, so the steps of one run are decided by
         one chained comparison (cheaper than ``in range(...)``, which also tests divisibility)."""
         first, span = self.first, self.span
-        end = first + span if span else _NO_END
+        end = first + span if span else NO_END
         if step < first:
             return 0, first, NONE
         if step >= end:
-            return end, _NO_END, NONE
+            return end, NO_END, NONE
         if self.warm_end == 0:  # back-to-back active steps: one run, however many cycles
             return first, end, RECORD
         start = step - (step - first) % self.cycle
@@ -138,7 +171,11 @@ class CyclePlan:
         return start + self.warm_end, start + self.cycle, RECORD
 
 
-_NO_END = 2**62  # past any step a loop reaches
+NO_END = 2**62
+"""Past any step a loop reaches: the end of a run of steps that never ends."""
+
+SchedulePlan = Union[ExplicitPlan, CyclePlan]
+"""A schedule as a frame decides it: ``run_of(step)`` gives the run of steps sharing its action."""
 
 
 def last_selected_step(schedule: Optional[ScheduleConfig]) -> Optional[int]:

@@ -10,12 +10,26 @@ from __future__ import annotations
 import contextvars
 import itertools
 import threading
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional, Protocol
 
-__all__ = ["COUNTERS", "CURRENT_STEP", "count", "forget_occurrences", "next_occurrence"]
+if TYPE_CHECKING:
+    from .frames import Frame
+    from .rules import StepAction
 
-# The innermost ``step(n)`` block of this thread / task (an object with a ``number``).
-CURRENT_STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("torchstep_prof_step")
+__all__ = ["COUNTERS", "CURRENT_STEP", "StepBlock", "count", "forget_occurrences", "next_occurrence"]
+
+
+class StepBlock(Protocol):
+    """A ``step(n)`` block as the regions inside it read it (``regions.step``)."""
+
+    number: int
+    frame: Frame  # the frame it decided under
+    action: StepAction  # the rule's answer for its step on this rank
+    skip_frame: Optional[Frame]  # its cached no: regions under this frame return at once
+
+
+# The innermost ``step(n)`` block of this thread / task.
+CURRENT_STEP: contextvars.ContextVar[StepBlock] = contextvars.ContextVar("torchstep_prof_step")
 
 # role -> stage -> counter (docs/hot-path.md, "Two lookups of interned strings")
 COUNTERS: dict[str, dict[str, Iterator[int]]] = {}
