@@ -27,6 +27,8 @@ CONSTANTS = {
     ("config.files", "_PARSERS"): "the parser of each format",
     ("config.files", "_TOML_ESCAPES"): "TOML escapes",
     ("regions", "_IDLE_REGION"): "the shared no-op region (no attributes)",
+    ("recording.slot_states", "ON_START"): "what a start does in each slot state (a table)",
+    ("recording.slot_states", "TRANSITIONS"): "the slot's moves (a table)",
     ("rendering", "_NAMED"): "escapes shown by name",
     ("summary.records", "ProfilingRecords.costs"): "a frozen record's default",
     ("traces.reading.cache", "_CHECKS"): "the fields a cache entry is checked against",
