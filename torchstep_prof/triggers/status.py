@@ -63,6 +63,8 @@ class RankStatus:
     poll_s: float = 1.0
     served: tuple[dict[str, Any], ...] = ()
     running: bool = True
+    slow: bool = False  # auto_trace: this rank slowed lately (no peer for another's capture)
+    auto_bytes: int = 0  # auto_trace: the bytes of the automatic traces this rank wrote
 
     @classmethod
     def from_json(cls, path: str, data: Any) -> RankStatus:
@@ -73,6 +75,8 @@ class RankStatus:
         # Anyone who can write the folder can write a status file: numbers out of their range
         # count as missing, so no rank's report can push a request's steps out of bounds.
         step, rate, poll_s = (_number(data.get(key), top) for key, top in _RANGES)
+        auto = data.get("auto")
+        auto_bytes = _number(auto.get("bytes"), 2**53) if isinstance(auto, dict) else None
         return cls(
             path=path,
             rank=data["rank"],
@@ -85,6 +89,8 @@ class RankStatus:
             poll_s=float(poll_s) if poll_s else 1.0,
             served=tuple(s for s in served[-MAX_SERVED:] if isinstance(s, dict)) if isinstance(served, list) else (),
             running=data.get("running") is not False,
+            slow=isinstance(auto, dict) and auto.get("slow") is True,
+            auto_bytes=int(auto_bytes) if isinstance(auto_bytes, int) else 0,
         )
 
     def served_ids(self) -> set[str]:
