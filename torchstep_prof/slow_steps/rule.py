@@ -71,7 +71,7 @@ class Detector:
         """Forget the baseline: it is learned again from the next ``baseline_steps`` samples."""
         self._window: deque[float] = deque()
         self._sorted: list[float] = []
-        self._since_mark = 0
+        self._since_mark = self.size - 1  # the first full window's median is kept at once
         self._medians: deque[float] = deque(maxlen=BASELINE_WINDOWS)
 
     def baseline(self) -> Optional[float]:

@@ -12,6 +12,7 @@ in the exit summary and a count in the metrics; every automatic trace carries wh
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import time
@@ -72,12 +73,23 @@ def _note(key: str, line: str) -> None:
     STORE.add_attention(key, line)
 
 
+def _number(value: Any, spec: str) -> str:
+    """A number from a request file as the exit line shows it (anything else: escaped text)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format(value, spec)
+    from ..rendering import safe_text
+
+    return safe_text(str(value)[:40])
+
+
 def _shown(steps: tuple[int, ...]) -> str:
     return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
 
 
 def _ranks(ranks: list[int]) -> str:
-    return str(ranks[0]) if len(ranks) == 1 else ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
 class SlowWatch:
@@ -171,7 +183,7 @@ class SlowWatch:
             asked = Request(id=request_id, steps=steps, ranks=tuple(peers), all_ranks=False, rule={"auto_trace": why})
             watcher.ask_peers(asked)
         _DECISIONS.count("traced")
-        _note(f"auto-trace-{request_id}", f"{head}; traced steps {_shown(steps)} on ranks {_ranks([rank, *peers])}")
+        _note(f"auto-trace-{request_id}", f"{head}; traced steps {_shown(steps)} on {_ranks([rank, *peers])}")
 
     def _refusal(self, watcher: Watcher, slow: Slowdown) -> Optional[str]:
         if watcher.plan is not None:
@@ -258,12 +270,31 @@ def as_peer(request: Any, why: dict[str, Any]) -> None:
     rank = current_topology().rank
     if request.ranks is not None and rank not in request.ranks:
         return  # the slow rank itself, or a rank not asked
+    why = _checked(why)
     _why.note(steps, dict(why, peer=rank))
     _DECISIONS.steps.update(steps)
     _DECISIONS.count("peer")
     slow_rank = why.get("rank")
     _note(
         f"auto-trace-peer-{request.id}",
-        f"auto trace: rank {rank} traces steps {_shown(steps)} as a peer of rank {slow_rank} "
-        f"(its step {why.get('step')}: {why.get('ratio')}x its median {why.get('baseline_ms')} ms)",
+        f"auto trace: rank {rank} traces steps {_shown(steps)} as a peer of rank {_number(slow_rank, '')} "
+        f"(its step {_number(why.get('step'), '')}: {_number(why.get('ratio'), '.1f')}x its median "
+        f"{_number(why.get('baseline_ms'), '.0f')} ms)",
     )
+
+
+_WHY_NUMBERS = ("step", "value_ms", "baseline_ms", "factor", "ratio", "rank")
+
+
+def _checked(why: dict[str, Any]) -> dict[str, Any]:
+    """A why read from the request file, as written into traces: its known keys, numbers as
+    numbers and short text (anyone who can write the folder can write a request)."""
+    kept: dict[str, Any] = {
+        key: why[key]
+        for key in _WHY_NUMBERS
+        if isinstance(why.get(key), (int, float)) and not isinstance(why.get(key), bool) and math.isfinite(why[key])
+    }
+    for key in ("metric", "request"):
+        if isinstance(why.get(key), str):
+            kept[key] = why[key][:200]
+    return kept
