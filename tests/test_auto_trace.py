@@ -110,3 +110,28 @@ def test_one_process_watching_its_steps_shows_the_decision_in_its_metrics(tmp_pa
     assert scraped_at - 5 < float(gauge.rsplit(" ", 1)[1]) <= scraped_at
     why = json.loads(newest.read_text())["torchstep_prof"]["auto_trace"]
     assert why["metric"] == "step" and 100 <= why["step"] < steps[0][0] and why["peers"] == []
+
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def test_run_auto_trace_traces_a_plain_script_that_slows(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "torchstep_prof", "run", "--auto-trace", "--on-demand", "od", "--metrics-port", "0",
+         "--save-path", "traces", "--set", "auto_trace.baseline_steps=30", "--set", "auto_trace.min_ms=20",
+         str(SCRIPTS / "slowing_loop.py"), "150", "100"],
+        capture_output=True, text=True, env=worker_env(), timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    steps = traced(tmp_path / "traces")
+    assert list(steps) == [0] and len(steps[0]) == 2 and 101 < steps[0][0] <= 110, steps
+    assert any(line.endswith(f"traced steps {steps[0][0]}-{steps[0][1]} on rank 0") for line in auto_lines(run.stdout))
+
+
+def test_run_auto_trace_needs_an_on_demand_folder(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "torchstep_prof", "run", "--auto-trace", str(SCRIPTS / "slowing_loop.py"), "5", "9"],
+        capture_output=True, text=True, env=worker_env(), timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "--auto-trace (auto_trace) needs --on-demand DIR: its peers and its budget are kept there" in run.stderr
