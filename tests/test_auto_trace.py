@@ -135,3 +135,20 @@ def test_run_auto_trace_needs_an_on_demand_folder(tmp_path):
     )  # fmt: skip
     assert run.returncode == 2
     assert "--auto-trace (auto_trace) needs --on-demand DIR: its peers and its budget are kept there" in run.stderr
+
+
+def test_the_callbacks_take_auto_trace_as_their_other_sections():
+    import contextlib
+    import warnings
+
+    import torchstep_prof as tsp
+    from torchstep_prof.integrations._driver import build_scopes
+
+    for given, expected in ((True, tsp.AutoTraceConfig()), ({"factor": 3}, tsp.AutoTraceConfig(factor=3))):
+        with warnings.catch_warnings(), contextlib.ExitStack() as stack:
+            warnings.simplefilter("ignore")  # off here (no metrics, no folder): said once, tested elsewhere
+            for scope in build_scopes(None, None, None, None, {"auto_trace": given}):
+                stack.enter_context(scope)
+            assert tsp.effective_config().auto_trace == expected
+    with pytest.raises(tsp.ConfigError, match=r"auto_trace.peers: must be >= 0 \(got -1\)"):
+        build_scopes(None, None, None, None, {"auto_trace": {"peers": -1}})

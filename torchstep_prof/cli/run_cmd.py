@@ -49,8 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument(
         "--auto-trace",
         action="store_true",
-        help="trace slow steps by themselves (auto_trace, docs/auto-trace.md; needs --on-demand DIR, "
-        "turns metrics on)",
+        help="trace slow steps by themselves (auto_trace, docs/auto-trace.md; needs --on-demand DIR, turns metrics on)",
     )
     which.add_argument(
         "--step-every",

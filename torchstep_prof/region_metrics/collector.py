@@ -99,9 +99,9 @@ def _cumulative(bounds: list[float], counts: tuple[int, ...]) -> list[tuple[str,
 
 def _auto_trace(place: list[str]) -> Iterator[Any]:
     """The slow-step watch's decisions, and its newest trace (docs/auto-trace.md)."""
-    from ..slow_steps.watch import decisions, newest_auto_trace
+    from ..slow_steps.decisions import DECISIONS, newest_auto_trace
 
-    counts = decisions().counts
+    counts = DECISIONS.counts
     if not counts:
         return
     made = CounterMetricFamily(

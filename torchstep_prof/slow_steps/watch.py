@@ -17,21 +17,33 @@ import os
 import secrets
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from .._shared_files import replace_exclusively
 from ..config.model import AutoTraceConfig
 from ..region_metrics import recorder as _recorder
 from ..topology import current_topology
 from . import why as _why
+from .decisions import DECISIONS as _DECISIONS
+from .decisions import own_auto_bytes
 from .rule import HOUR_S, Budget, Detector, Slowdown
 
-if TYPE_CHECKING:
-    from ..triggers.watcher import Watcher
+
+class Watcher(Protocol):
+    """What the watch uses of the on-demand watcher (triggers/watcher.py) that runs it."""
+
+    step: Optional[int]
+    plan: Any
+    folder: str
+
+    def serve_own(self, request: Any) -> None: ...
+    def ask_peers(self, request: Any) -> None: ...
+    def statuses(self) -> list[Any]: ...
+    def _warn_once(self, key: str, message: str) -> None: ...
+
 
 __all__ = [
-    "DECISION_PREFIX", "MAX_DECISION_LINES", "TICK_S", "SlowWatch", "as_peer", "decisions", "newest_auto_trace",
-    "own_auto_bytes",
+    "DECISION_PREFIX", "MAX_DECISION_LINES", "TICK_S", "SlowWatch", "as_peer",
 ]  # fmt: skip
 
 TICK_S = 0.05
@@ -41,26 +53,6 @@ DECISION_PREFIX = "auto-"
 MAX_DECISION_LINES = 20  # exit-summary lines of decisions; later ones are counted in the metrics
 _MAX_SAMPLES = 65_536  # per tick at most; a stalled watch thread keeps the newest
 _MAX_RECORDS_READ = 10_000
-
-
-class _Decisions:
-    """What every watch of this process decided, for the metrics (a count per outcome) and the
-    info series (the newest automatic trace's why)."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-        self.lines = 0
-        self.steps: set[int] = set()  # steps this rank traced automatically (its own or a peer's)
-
-    def count(self, outcome: str) -> None:
-        self.counts[outcome] = self.counts.get(outcome, 0) + 1
-
-
-def decisions() -> _Decisions:
-    return _DECISIONS
-
-
-_DECISIONS = _Decisions()
 
 
 def _note(key: str, line: str) -> None:
@@ -219,29 +211,6 @@ class SlowWatch:
             replace_exclusively(os.path.join(watcher.folder, f"{request_id}.json"), json.dumps(data).encode())
         except OSError as exc:
             watcher._warn_once(f"auto-record-{exc.errno}", f"torchstep_prof: auto trace record not written ({exc})")
-
-
-def own_auto_bytes() -> int:
-    """The bytes of the automatic traces this process wrote (its status reports them)."""
-    from ..summary.records import STORE
-
-    steps = _DECISIONS.steps
-    if not steps:
-        return 0
-    return sum(t.size_bytes for t in STORE.snapshot().traces if t.ok and t.step in steps)
-
-
-def newest_auto_trace() -> Optional[tuple[str, dict[str, Any]]]:
-    """The newest automatic trace this process wrote and why it was taken, or None."""
-    from ..summary.records import STORE
-
-    steps = _DECISIONS.steps
-    if not steps:
-        return None
-    for trace in reversed(STORE.snapshot().traces):
-        if trace.ok and trace.path is not None and trace.step in steps:
-            return trace.path, _why.why_of(trace.step)
-    return None
 
 
 def _captures_since(folder: str, since: float) -> int:

@@ -285,7 +285,7 @@ class Watcher:
         }  # fmt: skip
         auto = self.auto
         if auto is not None:  # what a slow rank reads to choose peers and count the job's bytes
-            from ..slow_steps.watch import own_auto_bytes
+            from ..slow_steps.decisions import own_auto_bytes
 
             status["auto"] = {"slow": auto.is_slow(self.step), "bytes": own_auto_bytes()}
         try:
