@@ -7,8 +7,11 @@ job and a straggler's wait shows on the others in ``train/sync`` only. MODE ``sl
 120 rank 1's compute is 3x slower and runs extra operators (``aten::cumprod``); ``stays``: the
 same from step 60, plus a 10x spike every 30 steps, under a budget of one capture an hour;
 ``jitter``: jitter only. Traces go to ``OUT/traces``; writes ``OUT/result_rank<r>.json``.
+With ``AUTO_TRACE_METRICS_PORT`` set, metrics are served on 127.0.0.1 at that port + rank, and
+after its steps each rank writes ``OUT/rank<r>.done`` and serves on until ``OUT/release`` exists.
 """
 
+import os
 import random
 import sys
 import time
@@ -41,11 +44,18 @@ def compute(n: int) -> None:
             time.sleep(base)
 
 
-with tsp.configure(save_path=str(out / "traces")), tsp.metrics(port=0), tsp.on_demand(str(out / "od"), poll_s=0.1):
+port = int(os.environ.get("AUTO_TRACE_METRICS_PORT", "0"))
+with tsp.configure(save_path=str(out / "traces")), tsp.metrics(port=port, addr="127.0.0.1"), \
+        tsp.on_demand(str(out / "od"), poll_s=0.1):
     with tsp.auto_trace("train/compute", factor=2.0, min_ms=60, baseline_steps=30, next=2, peers=1, **budget):
         for n in range(200):
             with tsp.step(n):
                 compute(n)
                 with tsp.profile_region("train", "sync"):
                     all_reduce(torch.ones(1))
+        if port:  # a job that stopped stepping but still serves: the stuck-job alert's case
+            (out / f"rank{rank}.done").write_text("done")
+            deadline = time.monotonic() + 120
+            while not (out / "release").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
 write_result(out, rank, {"mode": mode})
