@@ -19,7 +19,10 @@ import attrs
 from .._shared_files import read_capped
 from ..traces.names import fit_label, sanitize_label
 
-__all__ = ["MAX_SERVED", "MAX_STATUS_BYTES", "MAX_STATUS_FILES", "RankStatus", "read_statuses", "status_path"]
+__all__ = [
+    "MAX_SERVED", "MAX_STATUS_BYTES", "MAX_STATUS_FILES", "STALE_S", "RankStatus", "is_stale", "read_statuses",
+    "status_path",
+]  # fmt: skip
 
 MAX_SERVED = 50  # requests kept in a status file (the newest): it stays small
 MAX_STATUS_BYTES = 1 << 20
@@ -132,3 +135,13 @@ def read_statuses(folder: str) -> tuple[list[RankStatus], list[str]]:
             bad.append(f"{path}: {exc}" if path not in str(exc) else str(exc))
     found.sort(key=lambda s: (s.rank, s.role or ""))
     return found, bad
+
+
+STALE_S = 60.0
+"""A status file older than this (and than 10 of its rank's polls) is a rank that died."""
+
+
+def is_stale(status: RankStatus, now: float) -> bool:
+    """A running rank's status not written for many of its polls: its step would push every
+    request far into the future (its rate times that age), so it is left out."""
+    return now - status.time > max(STALE_S, 10 * status.poll_s)
