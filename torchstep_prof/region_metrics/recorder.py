@@ -291,6 +291,7 @@ def _after_fork_in_child() -> None:
     global _STORES_LOCK
     _STORES_LOCK = threading.Lock()
     _FOLDED.clear()
+    WATCHED.__init__()  # the parent's slow-step watch is not this process's
     me = threading.current_thread()
     kept = [(thread, cells) for thread, cells in _STORES if thread is me]
     for _, cells in kept:
