@@ -215,6 +215,9 @@ class _Watched:
     __slots__ = ("steps", "key", "region", "last_step_at")
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.steps: Optional[Any] = None  # a deque, appended to by the thread that ends a step
         self.key: Optional[tuple[str, str]] = None
         self.region: list[float] = []
@@ -291,7 +294,7 @@ def _after_fork_in_child() -> None:
     global _STORES_LOCK
     _STORES_LOCK = threading.Lock()
     _FOLDED.clear()
-    WATCHED.__init__()  # the parent's slow-step watch is not this process's
+    WATCHED.reset()  # the parent's slow-step watch is not this process's
     me = threading.current_thread()
     kept = [(thread, cells) for thread, cells in _STORES if thread is me]
     for _, cells in kept:
