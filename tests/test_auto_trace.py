@@ -152,3 +152,21 @@ def test_the_callbacks_take_auto_trace_as_their_other_sections():
             assert tsp.effective_config().auto_trace == expected
     with pytest.raises(tsp.ConfigError, match=r"auto_trace.peers: must be >= 0 \(got -1\)"):
         build_scopes(None, None, None, None, {"auto_trace": {"peers": -1}})
+
+
+def test_the_byte_budget_refuses_a_second_capture(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(WORKERS / "auto_trace_step.py"), str(tmp_path), "bytes"],
+        capture_output=True, text=True, env=worker_env(), timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    steps = traced(tmp_path / "traces")
+    assert list(steps) == [0] and len(steps[0]) == 2 and 61 < steps[0][0] <= 70, steps
+    lines = auto_lines(run.stdout)
+    assert len(lines) == 2 and lines[0].endswith(f"traced steps {steps[0][0]}-{steps[0][1]} on rank 0"), lines
+    written = sum(p.stat().st_size for p in (tmp_path / "traces").glob("*.json"))
+    assert lines[1].startswith("auto trace: step 12") and lines[1].endswith(
+        f"not traced (budget: {written} bytes of automatic traces written (max_bytes 1))"
+    ), lines
+    metrics = (tmp_path / "metrics.txt").read_text()
+    assert 'outcome="skipped"' in metrics and 'outcome="traced"' in metrics
