@@ -47,7 +47,7 @@ def compute(n: int) -> None:
 port = int(os.environ.get("AUTO_TRACE_METRICS_PORT", "0"))
 with tsp.configure(save_path=str(out / "traces")), tsp.metrics(port=port, addr="127.0.0.1"), \
         tsp.on_demand(str(out / "od"), poll_s=0.1):
-    with tsp.auto_trace("train/compute", factor=2.0, min_ms=60, baseline_steps=30, next=2, peers=1, **budget):
+    with tsp.auto_trace(os.environ.get("AUTO_TRACE_ON", "train/compute"), factor=2.0, min_ms=60, baseline_steps=30, next=2, peers=1, **budget):
         for n in range(200):
             with tsp.step(n):
                 compute(n)

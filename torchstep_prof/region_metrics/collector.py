@@ -106,7 +106,7 @@ def _auto_trace(place: list[str]) -> Iterator[Any]:
         return
     made = CounterMetricFamily(
         f"{PREFIX}_auto_trace_decisions",
-        "Slowdowns auto_trace decided on: traced, skipped (budget, cooldown), peer (traced for another rank)",
+        "auto_trace decisions: traced, skipped (budget, cooldown, busy), peer, peer-missed (asked too late)",
         labels=["outcome", *_PLACE],
     )
     for outcome, count in sorted(counts.items()):

@@ -234,23 +234,28 @@ def _captures_since(folder: str, since: float) -> int:
     return count
 
 
-def as_peer(request: Any, why: dict[str, Any]) -> None:
-    """This rank serves a slow rank's request as its peer: its traces carry the same why."""
+def as_peer(request: Any, why: dict[str, Any], at_step: Optional[int]) -> bool:
+    """This rank, at ``at_step``, is asked by a slow rank to trace ``request``'s steps: whether
+    it still can (its traces then carry the same why); the decision is written down either way."""
     steps = tuple(request.steps)
     rank = current_topology().rank
-    if request.ranks is not None and rank not in request.ranks:
-        return  # the slow rank itself, or a rank not asked
     why = _checked(why)
+    slow = (
+        f"rank {_number(why.get('rank'), '')} (its step {_number(why.get('step'), '')}: "
+        f"{_number(why.get('ratio'), '.1f')}x its median {_number(why.get('baseline_ms'), '.0f')} ms)"
+    )
+    if at_step is not None and steps[0] <= at_step:
+        _DECISIONS.count("peer-missed")
+        _note(
+            f"auto-trace-peer-{request.id}",
+            f"auto trace: rank {rank} could not trace steps {_shown(steps)} for {slow}: it was at step {at_step}",
+        )
+        return False
     _why.note(steps, dict(why, peer=rank))
     _DECISIONS.steps.update(steps)
     _DECISIONS.count("peer")
-    slow_rank = why.get("rank")
-    _note(
-        f"auto-trace-peer-{request.id}",
-        f"auto trace: rank {rank} traces steps {_shown(steps)} as a peer of rank {_number(slow_rank, '')} "
-        f"(its step {_number(why.get('step'), '')}: {_number(why.get('ratio'), '.1f')}x its median "
-        f"{_number(why.get('baseline_ms'), '.0f')} ms)",
-    )
+    _note(f"auto-trace-peer-{request.id}", f"auto trace: rank {rank} traces steps {_shown(steps)} as a peer of {slow}")
+    return True
 
 
 _WHY_NUMBERS = ("step", "value_ms", "baseline_ms", "factor", "ratio", "rank")

@@ -176,6 +176,7 @@ class Watcher:
         plan = Plan(self, request, entry)
         plan.at_step_read = self.step
         self.plan = plan
+        self._write_status()  # the peers read this rank as slow from now on
 
     def ask_peers(self, request: Request) -> None:
         """Write ``request`` (its ranks: the peers) where every rank reads requests."""
@@ -239,13 +240,19 @@ class Watcher:
         self._served.append(entry)
         self._served_ids.add(request.id)
         del self._served[:-MAX_SERVED]
-        plan = Plan(self, request, entry)
-        self.plan = plan
         auto = request.rule.get("auto_trace") if request.rule is not None else None
-        if isinstance(auto, dict):  # a slow rank asks this one to trace the same steps
+        if isinstance(auto, dict) and current_topology().rank in (request.ranks or ()):
+            # A slow rank asks this one to trace the same steps; too late (a rank that slowed
+            # too, busy with its own trace meanwhile) is said once, never warned as a miss.
             from ..slow_steps.watch import as_peer
 
-            as_peer(request, auto)
+            at = self.step
+            if not as_peer(request, auto, at):
+                entry["outcome"] = f"missed (auto trace): at step {at} when read"
+                self._write_status()
+                return
+        plan = Plan(self, request, entry)
+        self.plan = plan
         # The step read after the plan is published: a step that began meanwhile, without
         # seeing it, is at most this one, so a miss is reported against the right step.
         plan.at_step_read = entry["read_at_step"] = self.step
