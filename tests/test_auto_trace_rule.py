@@ -1,9 +1,12 @@
-"""The slow-step rule and budget (torchstep_prof/slow_steps/rule.py), and the auto_trace config:
-pure, no torch, no threads."""
+"""The slow-step rule and budget (torchstep_prof/slow_steps/rule.py: pure, fed samples here), and
+the auto_trace config section, its scope and the warning when it is off."""
 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+import warnings
 
 import pytest
 
@@ -11,6 +14,8 @@ import torchstep_prof as tsp
 from torchstep_prof.config.converter import from_dict
 from torchstep_prof.config.overrides import apply_overrides, parse_overrides
 from torchstep_prof.slow_steps.rule import Budget, Detector
+
+from dist_helpers import worker_env
 
 
 def detector(**kw) -> Detector:
@@ -100,10 +105,26 @@ def test_the_config_section_from_files_overrides_and_scope():
     assert (config.auto_trace.on, config.auto_trace.factor, config.auto_trace.peers) == ("actor/forward", 3, 0)
     overridden = apply_overrides(tsp.ProfilerConfig(), parse_overrides(["auto_trace.next=4"]))
     assert overridden.auto_trace == tsp.AutoTraceConfig(next=4)
-    # Alone it is off (it reads the metrics' timings and the on-demand folder), and says so.
-    with pytest.warns(tsp.TorchstepProfWarning, match="auto_trace is off: it needs metrics and on_demand on too"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # off alone: the next test sees it said, in a process of its own
         with tsp.auto_trace(factor=2.5, baseline_steps=20):
             assert tsp.effective_config().auto_trace == tsp.AutoTraceConfig(factor=2.5, baseline_steps=20)
+
+
+def test_alone_it_is_off_and_says_what_it_needs():
+    # It reads the metrics' timings and reaches its peers through the on-demand folder. Once
+    # per process: a fresh one.
+    code = (
+        "import torchstep_prof as tsp\n"
+        "with tsp.auto_trace():\n    pass\n"
+        "with tsp.metrics(port=0, addr='127.0.0.1'), tsp.auto_trace():\n    pass\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=worker_env(), timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert (
+        "TorchstepProfWarning: torchstep_prof: auto_trace is off: it needs metrics and on_demand on too" in run.stderr
+    )
+    assert "auto_trace is off: it needs on_demand on too (on_demand: {dir: DIR})" in run.stderr
 
 
 def test_every_bad_field_is_named_with_its_value_and_what_is_allowed():
