@@ -45,6 +45,7 @@ SCRIPTS = (
     "bench_hook",
     "bench_run",
     "bench_on_demand",
+    "bench_auto_trace",
     "bench_scale",
 )
 TIMEOUT_S = 150  # per script

@@ -23,7 +23,8 @@ LAYERS: Sequence[tuple[str, Sequence[str]]] = (
     # handler, files in shared folders, decorators, the Ctrl-C guard, the list of process-wide
     # state, the rank, the background work registry, and the one trace-name builder.
     ("foundations", ("errors", "rendering", "_fork", "_shared_files", "_wrapping", "interrupts", "process_state",
-                     "topology", "background", "naming", "traces")),
+                     "topology", "background", "naming", "traces",
+                     "slow_steps.rule", "slow_steps.why")),
     # The records every later layer fills (a trace written, a hook run): data only.
     ("records", ("summary.records",)),
     ("config", ("config",)),
@@ -32,9 +33,9 @@ LAYERS: Sequence[tuple[str, Sequence[str]]] = (
     ("selection", ("selection",)),
     ("recording", ("recording",)),
     ("writing", ("writing",)),
-    ("after a trace", ("hook", "summary", "region_metrics", "triggers")),
+    ("after a trace", ("hook", "summary", "region_metrics", "triggers", "slow_steps")),
     ("engine", ("engine", "process_exit")),
-    ("training code's API", ("regions", "scopes")),
+    ("training code's API", ("regions", "scopes", "slow_steps.scope")),
     ("entry points and analysis", ("zero_code", "integrations", "startup", "traces.analysis")),
     ("report", ("traces.report",)),
     ("command line", ("cli", "__main__")),

@@ -22,6 +22,7 @@ __version__ = "0.2.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
+    "AutoTraceConfig": "config.model",
     "CONTENT_NAMES": "config.model",
     "ConfigError": "errors",
     "FinishHookConfig": "config.model",
@@ -43,6 +44,7 @@ _EXPORTS = {
     "TraceRecord": "summary.records",
     "TraceWriteWarning": "errors",
     "apply_overrides": "config.overrides",
+    "auto_trace": "slow_steps.scope",
     "begin_step": "regions",
     "build_trace_name": "naming",
     "configure": "scopes",
@@ -108,6 +110,7 @@ del _at_import
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly (re-exported: __all__)
     from .config.model import (
         CONTENT_NAMES,
+        AutoTraceConfig,
         FinishHookConfig,
         MetricsConfig,
         OnDemandConfig,
@@ -134,3 +137,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .regions import begin_step, end_step, profile_region, profiled, step
     from .scopes import configure, contents, effective_config, metrics, on_demand, on_finish, ranks, schedule
     from .summary.exit_table import print_summary
+    from .slow_steps.scope import auto_trace

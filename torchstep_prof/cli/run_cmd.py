@@ -47,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--on-demand", metavar="DIR", help="also serve `torchstep-prof trigger DIR` requests (no --steps needed)"
     )
     which.add_argument(
+        "--auto-trace",
+        action="store_true",
+        help="trace slow steps by themselves (auto_trace, docs/auto-trace.md; needs --on-demand DIR, turns metrics on)",
+    )
+    which.add_argument(
         "--step-every",
         metavar="K",
         type=_int("--step-every"),
@@ -179,6 +184,10 @@ def build_config(args: argparse.Namespace) -> Any:
         chosen.append(field("on_demand.dir", args.on_demand))
     if args.metrics_port is not None:
         chosen.append(field("metrics.port", args.metrics_port))
+    if getattr(args, "auto_trace", False):
+        chosen.append(field("auto_trace.on", "step"))
+        if base.metrics is None and args.metrics_port is None:
+            chosen.append(field("metrics.enable", True))  # it reads the metrics' step times
     return apply_overrides(base, [*chosen, *args.overrides])
 
 
@@ -231,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
         regions = [parse_region(text) for text in args.region]
     except ValueError as exc:
         parser.error(str(exc))
+    if effective.enable and effective.auto_trace is not None and effective.on_demand is None:
+        parser.error("--auto-trace (auto_trace) needs --on-demand DIR: its peers and its budget are kept there")
     if effective.enable and effective.schedule is None and effective.on_demand is None:
         if environment.config is not None:
             # The environment's file replaces the whole configuration, this command line's too.

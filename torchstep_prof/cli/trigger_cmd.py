@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..rendering import safe_text
+from ..triggers.status import is_stale
 
 __all__ = ["register"]
 
@@ -115,9 +116,9 @@ def trigger(args: argparse.Namespace) -> int:
         if wrong:
             parser.error(f"--contents: {', '.join(map(repr, wrong))} not among {', '.join(CONTENT_NAMES)}")
     now = time.time()
-    running = [s for s in statuses if s.running and not _stale(s, now)]
+    running = [s for s in statuses if s.running and not is_stale(s, now)]
     for s in statuses:
-        if s.running and _stale(s, now):
+        if s.running and is_stale(s, now):
             print(
                 f"torchstep-prof trigger: ignored {s.path}: not written for {now - s.time:.0f} s "
                 "(a rank that died, or a job that ended without saying so)",
@@ -153,7 +154,7 @@ def _with_rates(folder: str, running: list[Any]) -> list[Any]:
     while any(s.rate is None for s in running) and time.monotonic() < deadline:
         time.sleep(0.1)
         now = time.time()
-        running = [s for s in read_statuses(folder)[0] if s.running and not _stale(s, now)] or running
+        running = [s for s in read_statuses(folder)[0] if s.running and not is_stale(s, now)] or running
     return running
 
 
@@ -214,13 +215,6 @@ def _note_unread(folder: str, running: list[Any]) -> None:
         )
 
 
-def _stale(status: Any, now: float) -> bool:
-    """A running rank's status not written for many of its polls: its step would push every
-    request far into the future (its rate times that age), so it is left out."""
-    return now - status.time > max(_STALE_S, 10 * status.poll_s)
-
-
-_STALE_S = 60.0
 _MAX_RATE_WAIT_S = 30.0  # however long the ranks say they poll: the command stays interactive
 
 
@@ -250,7 +244,7 @@ def _show_status(folder: str, statuses: list[Any]) -> None:
             or "none"
         )
         more = f" (+{len(s.served) - 5} earlier)" if len(s.served) > 5 else ""
-        state = ("stale" if _stale(s, now) else "running") if s.running else "stopped"
+        state = ("stale" if is_stale(s, now) else "running") if s.running else "stopped"
         print(safe_text(f"{rank:<6}{step:>8}{max(0.0, now - s.time):>8.1f}{rate:>9}  {state:<8}{served}{more}"))
     path = os.path.join(folder, REQUEST_FILE)
     if os.path.exists(path):
@@ -260,7 +254,7 @@ def _show_status(folder: str, statuses: list[Any]) -> None:
             print(safe_text(f"request file {path}: malformed ({exc})"))
         else:
             waiting = [
-                str(s.rank) for s in statuses if s.running and not _stale(s, now) and request.id not in s.served_ids()
+                str(s.rank) for s in statuses if s.running and not is_stale(s, now) and request.id not in s.served_ids()
             ]
             tail = f"; not read yet by rank(s) {','.join(waiting)}" if waiting else ""
             print(safe_text(f"latest request: {request.id} {_steps(list(request.steps))}{tail}"))

@@ -15,7 +15,10 @@ import attrs
 
 from ..errors import ConfigError, Problem
 
-__all__ = ["CONTENT_NAMES", "FinishHookConfig", "MetricsConfig", "OnDemandConfig", "ProfilerConfig", "ScheduleConfig"]
+__all__ = [
+    "CONTENT_NAMES", "AutoTraceConfig", "FinishHookConfig", "MetricsConfig", "OnDemandConfig", "ProfilerConfig",
+    "ScheduleConfig",
+]  # fmt: skip
 
 CONTENT_NAMES: tuple[str, ...] = (
     "cpu",
@@ -388,6 +391,83 @@ class MetricsConfig:
         _raise_if(_validate(self, {"enable": _bool, "port": _port, "addr": _address, "buckets": _buckets}))
 
 
+def _number_over(minimum: float) -> _Check:
+    def check(key: str, value: Any) -> list[Problem]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return [Problem(key, f"must be a finite number > {minimum:g} (got {value!r})")]
+        if value <= minimum:
+            return [Problem(key, f"must be > {minimum:g} (got {value!r})")]
+        return []
+
+    return check
+
+
+def _watched(key: str, value: Any) -> list[Problem]:
+    allowed = "'step', or a region as '<role>/<stage>'"
+    if not isinstance(value, str) or not value:
+        return [Problem(key, f"must be {allowed} (got {value!r})")]
+    if value != "step" and not all(value.partition("/")[::2]):
+        return [Problem(key, f"must be {allowed} (got {value!r})")]
+    return []
+
+
+def _milliseconds(key: str, value: Any) -> list[Problem]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return [Problem(key, f"must be a finite number of milliseconds >= 0 (got {value!r})")]
+    return []
+
+
+def _at_most(check: _Check, most: int) -> _Check:
+    def bounded(key: str, value: Any) -> list[Problem]:
+        found = check(key, value)
+        if not found and value > most:
+            found.append(Problem(key, f"must be at most {most} (got {value!r})"))
+        return found
+
+    return bounded
+
+
+@attrs.frozen(kw_only=True)
+class AutoTraceConfig:
+    """Trace slow steps by themselves (docs/auto-trace.md): a step (``on: step``) or a region
+    (``on: "<role>/<stage>"``) over ``factor`` x its rolling median and ``min_ms`` over it, once
+    ``baseline_steps`` are in, makes this rank trace its next ``next`` steps and ask ``peers``
+    ranks that did not slow to trace them too; within ``cooldown_steps``, ``max_traces_per_hour``
+    and ``max_bytes`` per job. Needs the ``metrics`` and ``on_demand`` sections.
+
+    >>> AutoTraceConfig(factor=3, next=1).baseline_steps
+    50
+    """
+
+    on: str = "step"
+    factor: float = 2.0
+    min_ms: float = 10.0
+    baseline_steps: int = 50
+    next: int = 2
+    peers: int = 1
+    cooldown_steps: int = 200
+    max_traces_per_hour: int = 6
+    max_bytes: int = 1 << 30
+
+    def __attrs_post_init__(self) -> None:
+        _raise_if(
+            _validate(
+                self,
+                {
+                    "on": _watched,
+                    "factor": _number_over(1.0),
+                    "min_ms": _milliseconds,
+                    "baseline_steps": _int_at_least(3),
+                    "next": _at_most(_int_at_least(1), 100),  # an on-demand request's most steps
+                    "peers": _int_at_least(0),
+                    "cooldown_steps": _int_at_least(0),
+                    "max_traces_per_hour": _int_at_least(1),
+                    "max_bytes": _int_at_least(1),
+                },
+            )
+        )
+
+
 def _check_contents(key: str, value: Any) -> list[Problem]:
     if not isinstance(value, tuple):
         return [Problem(key, f"must be a list of names from {', '.join(CONTENT_NAMES)} (got {value!r})")]
@@ -427,6 +507,7 @@ class ProfilerConfig:
     finish_hook: Optional[FinishHookConfig] = None
     on_demand: Optional[OnDemandConfig] = None
     metrics: Optional[MetricsConfig] = None
+    auto_trace: Optional[AutoTraceConfig] = None
 
     def __attrs_post_init__(self) -> None:
         problems = _validate(
@@ -448,6 +529,7 @@ class ProfilerConfig:
             ("finish_hook", FinishHookConfig),
             ("on_demand", OnDemandConfig),
             ("metrics", MetricsConfig),
+            ("auto_trace", AutoTraceConfig),
         ):
             value = getattr(self, name)
             if value is not None and not isinstance(value, cls):

@@ -32,7 +32,8 @@ def build_scopes(
     """The scope objects a callback enters when training begins, built (and so validated) now.
 
     ``fields`` are ``configure()`` fields (``config=`` a ``ProfilerConfig`` or a file path;
-    ``metrics=`` a port, True, a mapping of ``tsp.metrics`` arguments or a ``MetricsConfig``);
+    ``metrics=`` a port, True, a mapping of ``tsp.metrics`` arguments or a ``MetricsConfig``;
+    ``auto_trace=`` True, a mapping of ``tsp.auto_trace`` arguments or an ``AutoTraceConfig``);
     traces are fused (``discrete=False``) unless ``discrete`` or a whole ``config`` is given.
     The explicit arguments are entered innermost, so they win over ``fields``.
     """
@@ -44,6 +45,8 @@ def build_scopes(
             fields["metrics"] = {} if metrics is True else {"port": metrics}
         elif metrics is False:
             fields["metrics"] = None
+    if fields.get("auto_trace") is True:  # auto_trace=True: the section with its defaults
+        fields["auto_trace"] = {}
     if config is None and "discrete" not in fields:
         fields["discrete"] = False
     scopes: list[contextlib.AbstractContextManager[Any]] = [configure(config, **fields)]

@@ -31,6 +31,7 @@ from ..errors import TorchstepProfWarning, warn
 from ..naming import METADATA_KEY, TraceName, name_trace, range_label
 from ..selection.rules import StepAction
 from ..selection.step_meaning import step_meaning
+from ..slow_steps.why import metadata as why_traced
 from ..topology import Topology, distributed_initialized
 
 if TYPE_CHECKING:
@@ -348,6 +349,7 @@ class TraceSession:
             "pid": os.getpid(),
             "discrete": not self.fused,
             **step_meaning(self.step),
+            **why_traced(self.step),  # auto_trace: the slowdown this trace was taken for
         }
         # Labels are sanitized (ASCII, no quotes or backslashes): torch writes this unescaped.
         prof.add_metadata_json(METADATA_KEY, json.dumps(metadata))

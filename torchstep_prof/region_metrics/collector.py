@@ -10,9 +10,11 @@ from __future__ import annotations
 import socket
 from typing import Any, Iterator
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+import os
 
-from .recorder import BOUNDS, STEP_KEY, snapshot
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
+
+from .recorder import BOUNDS, STEP_KEY, WATCHED, snapshot
 from ..topology import current_topology
 
 __all__ = ["PREFIX", "RegionCollector"]
@@ -23,8 +25,10 @@ _PLACE = ("rank", "world_size", "node")
 
 class RegionCollector:
     """Yields ``torchstep_prof_region_seconds`` (role, stage, rank, world_size, node),
-    ``torchstep_prof_step_seconds``, ``torchstep_prof_traces_written_total`` and
-    ``torchstep_prof_hook_runs_total`` (by outcome)."""
+    ``torchstep_prof_step_seconds``, ``torchstep_prof_traces_written_total``,
+    ``torchstep_prof_hook_runs_total`` (by outcome), ``torchstep_prof_last_step_timestamp_seconds``
+    and, with ``auto_trace``, ``torchstep_prof_auto_trace_decisions_total`` (by outcome) and
+    ``torchstep_prof_auto_trace_info`` (the newest automatic trace's file and why)."""
 
     def __init__(self) -> None:
         self._node = socket.gethostname()
@@ -54,7 +58,16 @@ class RegionCollector:
                 regions.add_metric([str(role), str(stage), *place], buckets, sum_value=stats.sum_s)
         yield regions
         yield steps
+        if WATCHED.last_step_at is not None:  # (the snapshot above folded: it is current)
+            last = GaugeMetricFamily(
+                f"{PREFIX}_last_step_timestamp_seconds",
+                "Unix time a step block of this process was last seen ending (to the second)",
+                labels=list(_PLACE),
+            )
+            last.add_metric(place, WATCHED.last_step_at)
+            yield last
         yield from self._records(place)
+        yield from _auto_trace(place)
 
     def _records(self, place: list[str]) -> Iterator[Any]:
         from ..summary.records import STORE
@@ -82,3 +95,38 @@ def _cumulative(bounds: list[float], counts: tuple[int, ...]) -> list[tuple[str,
         running += n
         out.append((repr(float(bounds[i])) if i < len(bounds) else "+Inf", running))
     return out
+
+
+def _auto_trace(place: list[str]) -> Iterator[Any]:
+    """The slow-step watch's decisions, and its newest trace (docs/auto-trace.md)."""
+    from ..slow_steps.decisions import DECISIONS, newest_auto_trace
+
+    counts = DECISIONS.counts
+    if not counts:
+        return
+    made = CounterMetricFamily(
+        f"{PREFIX}_auto_trace_decisions",
+        "auto_trace decisions: traced, skipped (budget, cooldown, busy), peer, peer-missed (asked too late)",
+        labels=["outcome", *_PLACE],
+    )
+    for outcome, count in sorted(counts.items()):
+        made.add_metric([outcome, *place], count)
+    yield made
+    newest = newest_auto_trace()
+    if newest is None:
+        return
+    path, why = newest
+    info = InfoMetricFamily(
+        f"{PREFIX}_auto_trace", "The newest trace auto_trace took on this process, and why", labels=list(_PLACE)
+    )
+    info.add_metric(
+        place,
+        {
+            "file": os.path.basename(path),
+            "step": str(why.get("step", "")),
+            "metric": str(why.get("metric", "")),
+            "ratio": str(why.get("ratio", "")),
+            "slow_rank": str(why.get("rank", "")),
+        },
+    )
+    yield info

@@ -35,6 +35,8 @@ __all__ = [
     "CellStats",
     "TimedInner",
     "TimedRegion",
+    "WATCHED",
+    "fold",
     "quantile",
     "record_step",
     "snapshot",
@@ -203,18 +205,45 @@ class TimedInner:
         return self.inner.__exit__(exc_type, exc, tb)
 
 
-def record_step(seconds: float) -> None:
-    """A step block lasted ``seconds`` (its end calls this, in whichever thread ends it)."""
+class _Watched:
+    """What slow-step tracing (slow_steps/watch.py) reads: ``steps`` gets ``(number, seconds)``
+    of each step (None: not watching steps, the usual case, one attribute read per step);
+    ``key`` is the watched region's (role, stage), whose folded durations go to ``region``;
+    ``last_step_at`` is the wall time a fold last found a new step (the last-step gauge: a
+    fold's second of precision costs the training thread nothing)."""
+
+    __slots__ = ("steps", "key", "region", "last_step_at")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps: Optional[Any] = None  # a deque, appended to by the thread that ends a step
+        self.key: Optional[tuple[str, str]] = None
+        self.region: list[float] = []
+        self.last_step_at: Optional[float] = None
+
+
+WATCHED = _Watched()
+
+
+def record_step(seconds: float, number: Optional[int] = None) -> None:
+    """A step block (step ``number``) lasted ``seconds`` (its end calls this, in whichever
+    thread ends it)."""
     try:
         _LOCAL.cells[STEP_KEY][STEP_KEY].append(seconds)
     except (AttributeError, KeyError):
         _cell(STEP_KEY, STEP_KEY).append(seconds)
+    watched = WATCHED.steps
+    if watched is not None and number is not None:
+        watched.append((number, seconds))  # a deque's append: atomic, no lock
 
 
 def _fold() -> None:
     """Move every thread's durations into the histograms (readers only, under the lock)."""
     bounds = BOUNDS
     width = len(bounds) + 1
+    watched_key = WATCHED.key
     with _STORES_LOCK:
         alive = []
         for thread, cells in _STORES:
@@ -227,6 +256,10 @@ def _fold() -> None:
                     taken = cell[:n]
                     del cell[:n]  # exactly those: one appended meanwhile stays for next time
                     key = _SERIES.get((role, stage), OTHER_KEY)  # the pair's series, or other
+                    if key == watched_key:
+                        WATCHED.region.extend(taken)
+                    elif role is STEP_KEY:
+                        WATCHED.last_step_at = time.time()
                     into = _FOLDED.get(key)
                     if into is None:
                         into = _FOLDED[key] = [0.0, 0.0] + [0] * width
@@ -238,6 +271,11 @@ def _fold() -> None:
             if thread.is_alive() or pending:
                 alive.append((thread, cells))
         _STORES[:] = alive  # a finished thread's lists, once folded, are dropped
+
+
+def fold() -> None:
+    """Fold every thread's durations now (the slow-step watch, for a watched region's times)."""
+    _fold()
 
 
 def _fold_forever() -> None:
@@ -256,6 +294,7 @@ def _after_fork_in_child() -> None:
     global _STORES_LOCK
     _STORES_LOCK = threading.Lock()
     _FOLDED.clear()
+    WATCHED.reset()  # the parent's slow-step watch is not this process's
     me = threading.current_thread()
     kept = [(thread, cells) for thread, cells in _STORES if thread is me]
     for _, cells in kept:

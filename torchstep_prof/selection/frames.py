@@ -312,7 +312,7 @@ def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: b
     from .missed_steps import ScheduleScope
 
     frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)
-    if config.on_demand is not None:
+    if config.on_demand is not None or config.auto_trace is not None:
         for opted_in in _ON_DEMAND_FRAMES:
             opted_in(frame)
     return frame

@@ -11,7 +11,7 @@ its last step. Steps this rank had passed when it read the request are reported,
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import attrs
 
@@ -22,12 +22,17 @@ from ..selection.rules import rank_selected
 from ..topology import current_topology
 from .request import Request
 
+if TYPE_CHECKING:
+    from ..recording.slot import ProfilerSlot
+
 __all__ = ["Plan", "TriggeredFrame", "use_engine"]
 
 
 class Engine(Protocol):
     """What a plan uses of ``engine.Engine``: the engine imports this package, so it registers
     itself here (:func:`use_engine`) instead of being imported."""
+
+    slot: ProfilerSlot  # the automatic-trace watch asks whether a trace is recording
 
     def prepare(self, frame: Frame) -> None: ...
 

@@ -19,7 +19,10 @@ import attrs
 from .._shared_files import read_capped
 from ..naming import fit_label, sanitize_label
 
-__all__ = ["MAX_SERVED", "MAX_STATUS_BYTES", "MAX_STATUS_FILES", "RankStatus", "read_statuses", "status_path"]
+__all__ = [
+    "MAX_SERVED", "MAX_STATUS_BYTES", "MAX_STATUS_FILES", "STALE_S", "RankStatus", "is_stale", "read_statuses",
+    "status_path",
+]  # fmt: skip
 
 MAX_SERVED = 50  # requests kept in a status file (the newest): it stays small
 MAX_STATUS_BYTES = 1 << 20
@@ -63,6 +66,8 @@ class RankStatus:
     poll_s: float = 1.0
     served: tuple[dict[str, Any], ...] = ()
     running: bool = True
+    slow: bool = False  # auto_trace: this rank slowed lately (no peer for another's capture)
+    auto_bytes: int = 0  # auto_trace: the bytes of the automatic traces this rank wrote
 
     @classmethod
     def from_json(cls, path: str, data: Any) -> RankStatus:
@@ -73,6 +78,8 @@ class RankStatus:
         # Anyone who can write the folder can write a status file: numbers out of their range
         # count as missing, so no rank's report can push a request's steps out of bounds.
         step, rate, poll_s = (_number(data.get(key), top) for key, top in _RANGES)
+        auto = data.get("auto")
+        auto_bytes = _number(auto.get("bytes"), 2**53) if isinstance(auto, dict) else None
         return cls(
             path=path,
             rank=data["rank"],
@@ -85,6 +92,8 @@ class RankStatus:
             poll_s=float(poll_s) if poll_s else 1.0,
             served=tuple(s for s in served[-MAX_SERVED:] if isinstance(s, dict)) if isinstance(served, list) else (),
             running=data.get("running") is not False,
+            slow=isinstance(auto, dict) and auto.get("slow") is True,
+            auto_bytes=int(auto_bytes) if isinstance(auto_bytes, int) else 0,
         )
 
     def served_ids(self) -> set[str]:
@@ -126,3 +135,13 @@ def read_statuses(folder: str) -> tuple[list[RankStatus], list[str]]:
             bad.append(f"{path}: {exc}" if path not in str(exc) else str(exc))
     found.sort(key=lambda s: (s.rank, s.role or ""))
     return found, bad
+
+
+STALE_S = 60.0
+"""A status file older than this (and than 10 of its rank's polls) is a rank that died."""
+
+
+def is_stale(status: RankStatus, now: float) -> bool:
+    """A running rank's status not written for many of its polls: its step would push every
+    request far into the future (its rate times that age), so it is left out."""
+    return now - status.time > max(STALE_S, 10 * status.poll_s)

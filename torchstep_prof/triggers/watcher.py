@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 
 from .._fork import at_fork_in_child
@@ -30,8 +30,12 @@ from ..errors import ConfigError, TorchstepProfWarning, warn
 from ..selection.frames import Frame, frame_if_read, when_a_frame_opts_in
 from ..topology import current_topology
 from .plan import ENGINE, Plan
-from .request import MAX_ID_LENGTH, MAX_STEPS, REQUEST_FILE, read_request
-from .status import MAX_SERVED, read_status, status_path
+from .request import MAX_ID_LENGTH, MAX_STEPS, REQUEST_FILE, Request, read_request, write_request
+from .status import MAX_SERVED, RankStatus, read_status, read_statuses, status_path
+
+if TYPE_CHECKING:
+    from ..config.model import AutoTraceConfig
+    from ..slow_steps.watch import SlowWatch
 
 __all__ = ["ON_DEMAND", "Watcher", "scope_left", "watch"]
 
@@ -61,6 +65,7 @@ class Watcher:
         self.folder = os.path.abspath(config.dir)
         self.step: Optional[int] = None
         self.plan: Optional[Plan] = None
+        self.auto: Optional[SlowWatch] = None  # auto_trace: the slow-step watch this thread runs
         self._stop = threading.Event()
         self._samples: deque[tuple[float, int]] = deque(maxlen=_RATE_SAMPLES)
         self._served: list[dict[str, Any]] = []
@@ -128,11 +133,61 @@ class Watcher:
             self._write_status()
         except Exception as exc:
             self._warn_failure(exc)
-        while not self._stop.wait(self.config.poll_s):
+        poll_s = self.config.poll_s
+        next_poll = time.monotonic() + poll_s
+        # With auto_trace the thread wakes every TICK_S to read the step times (slow_steps/watch.py);
+        # the folder is still polled every poll_s.
+        while not self._stop.wait(min(poll_s, _tick()) if self.auto is not None else poll_s):
+            auto = self.auto
+            if auto is not None:
+                try:
+                    auto.check(self)
+                except Exception as exc:
+                    self._warn_failure(exc)
+                if time.monotonic() < next_poll:
+                    continue
+            next_poll = time.monotonic() + poll_s
             try:
                 self._poll()
             except Exception as exc:  # never let the poll thread die silently, nor raise
                 self._warn_failure(exc)
+
+    # --- auto_trace (slow_steps/watch.py), on this thread ------------------------------------
+
+    def watch_slow_steps(self, config: Optional[AutoTraceConfig]) -> None:
+        """Run the slow-step watch of ``config`` on this thread (None: stop it)."""
+        old = self.auto
+        if old is not None and config is not None and old.config == config:
+            return
+        if old is not None:
+            self.auto = None
+            old.close()
+        if config is not None:
+            from ..slow_steps.watch import SlowWatch
+
+            self.auto = SlowWatch(config)
+
+    def serve_own(self, request: Request) -> None:
+        """Serve ``request`` here now, as if read from the folder (a slow step's own capture)."""
+        entry: dict[str, Any] = {"id": request.id, "steps": list(request.steps), "outcome": "pending"}
+        self._served.append(entry)
+        self._served_ids.add(request.id)  # its request file, for the peers, is not served here again
+        del self._served[:-MAX_SERVED]
+        plan = Plan(self, request, entry)
+        plan.at_step_read = self.step
+        self.plan = plan
+        self._write_status()  # the peers read this rank as slow from now on
+
+    def ask_peers(self, request: Request) -> None:
+        """Write ``request`` (its ranks: the peers) where every rank reads requests."""
+        try:
+            write_request(self.folder, request)
+        except OSError as exc:
+            self._warn_once(f"auto-ask-{exc.errno}", f"torchstep_prof: auto trace could not ask its peers ({exc})")
+
+    def statuses(self) -> list[RankStatus]:
+        """Every rank's status in the folder (this thread only)."""
+        return read_statuses(self.folder)[0]
 
     def _warn_failure(self, exc: Exception) -> None:
         """One warning per kind of failure: a different one later is said too."""
@@ -185,6 +240,17 @@ class Watcher:
         self._served.append(entry)
         self._served_ids.add(request.id)
         del self._served[:-MAX_SERVED]
+        auto = request.rule.get("auto_trace") if request.rule is not None else None
+        if isinstance(auto, dict) and current_topology().rank in (request.ranks or ()):
+            # A slow rank asks this one to trace the same steps; too late (a rank that slowed
+            # too, busy with its own trace meanwhile) is said once, never warned as a miss.
+            from ..slow_steps.watch import as_peer
+
+            at = self.step
+            if not as_peer(request, auto, at):
+                entry["outcome"] = f"missed (auto trace): at step {at} when read"
+                self._write_status()
+                return
         plan = Plan(self, request, entry)
         self.plan = plan
         # The step read after the plan is published: a step that began meanwhile, without
@@ -219,11 +285,16 @@ class Watcher:
         # the training thread while it runs. A new file and a rename: a link someone planted at
         # the status name (or at any temporary name) is replaced, never written through.
         path, role = self._status_path()
-        status = {
+        status: dict[str, Any] = {
             "rank": current_topology().rank, "role": role, "pid": self._pid, "host": self._host,
             "step": self.step, "time": time.time(), "rate": self._rate(), "poll_s": self.config.poll_s,
             "served": self._served, "running": running,
         }  # fmt: skip
+        auto = self.auto
+        if auto is not None:  # what a slow rank reads to choose peers and count the job's bytes
+            from ..slow_steps.decisions import own_auto_bytes
+
+            status["auto"] = {"slow": auto.is_slow(self.step), "bytes": own_auto_bytes()}
         try:
             replace_exclusively(path, json.dumps(status).encode("utf-8"))
         except OSError as exc:
@@ -263,11 +334,18 @@ def watch(frame: Frame) -> None:
     """A frame with ``on_demand`` was made (a scope entered, or the environment read): start
     polling its directory, unless this process already polls one (one per process)."""
     config = frame.config.on_demand
-    if config is None or frame.disabled:
+    if frame.disabled:
+        return
+    if frame.config.auto_trace is not None and (config is None or frame.metrics is None):
+        _warn_auto_needs(config is None, frame.metrics is None)
+        return
+    if config is None:
         return
     with _LOCK:
         running = ON_DEMAND.watcher
         if running is not None:
+            if frame.config.auto_trace is not None:
+                running.watch_slow_steps(frame.config.auto_trace)
             if running.config != config:
                 running._warn_once(
                     f"second-{config.dir}",
@@ -276,6 +354,7 @@ def watch(frame: Frame) -> None:
                 )
             return
         watcher = Watcher(config)
+        watcher.watch_slow_steps(frame.config.auto_trace)
         try:
             watcher.start()
         except OSError as exc:
@@ -295,6 +374,11 @@ def watch(frame: Frame) -> None:
 def scope_left(frame: Frame, parent: Frame) -> None:
     """A scope exited: stop polling when it is the one that opted in."""
     config = frame.config.on_demand
+    auto = frame.config.auto_trace
+    if auto is not None and parent.config.auto_trace != auto:
+        watcher = ON_DEMAND.watcher
+        if watcher is not None:  # the scope that turned it on exits: the parent's watch, if any
+            watcher.watch_slow_steps(parent.config.auto_trace)
     if config is None or parent.config.on_demand == config:
         return
     with _LOCK:
@@ -314,6 +398,31 @@ def _stop_at_exit(watcher: Watcher) -> None:
         watcher.stop()
     except Exception:  # interpreter exit: nothing to report to
         pass
+
+
+_AUTO_WARNED: set[str] = set()
+
+
+def _warn_auto_needs(no_folder: bool, no_metrics: bool) -> None:
+    """auto_trace reads the metrics' step times and reaches peers through the on-demand folder."""
+    missing = [name for name, off in (("metrics", no_metrics), ("on_demand", no_folder)) if off]
+    key = "+".join(missing)
+    if key in _AUTO_WARNED:
+        return
+    _AUTO_WARNED.add(key)
+    examples = {"metrics": "tsp.metrics() or metrics: {port: 18400}", "on_demand": "on_demand: {dir: DIR}"}
+    warn(
+        f"torchstep_prof: auto_trace is off: it needs {' and '.join(missing)} on too "
+        f"({'; '.join(examples[m] for m in missing)})",
+        TorchstepProfWarning,
+        stacklevel=4,
+    )
+
+
+def _tick() -> float:
+    from ..slow_steps.watch import TICK_S
+
+    return TICK_S
 
 
 def _forget_after_fork() -> None:

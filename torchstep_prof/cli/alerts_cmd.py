@@ -1,0 +1,217 @@
+"""``torchstep-prof alerts``: Prometheus alerting rules for this toolkit's metrics, printed as YAML.
+
+Three rules (docs/auto-trace.md, "Alert rules"), their thresholds as options:
+
+- ``TorchstepProfJobStuck``: no rank of a job ended a step for ``--stuck-after`` seconds
+  (``torchstep_prof_last_step_timestamp_seconds``);
+- ``TorchstepProfStragglerRank``: a rank's median step (or region, ``--straggler-on``) over
+  ``--straggler-factor`` x its job's median for ``--straggler-for``;
+- ``TorchstepProfRegionRegressed``: a region's mean time over the last ``--regression-window``
+  above ``--regression-factor`` x its mean over the hour before.
+
+No torch here: ``torchstep-prof alerts > rules.yml``, then ``promtool check rules rules.yml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Any
+
+__all__ = ["build_rules", "register"]
+
+HELP = "print Prometheus alerting rules for the metrics: a stuck job, a straggler rank, a region regressing"
+_DURATION = re.compile(r"(?:[0-9]+(?:ms|s|m|h|d|w|y))+")
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\\n]|\\.)*"\s*'
+_SELECTOR = re.compile(rf"(?:{_MATCHER}(?:,{_MATCHER})*)?")
+_REGION = re.compile(r"[^/{}\"\\\n]+/[^/{}\"\\\n]+")
+
+
+def _duration(text: str) -> str:
+    if not _DURATION.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be a Prometheus duration such as 30s, 5m, 1h30m (got {text!r})")
+    return text
+
+
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 1 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 1 (got {text!r})")
+    return value
+
+
+def _seconds(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of seconds >= 1 (got {text!r})")
+    return int(text)
+
+
+def _selector(text: str) -> str:
+    if not _SELECTOR.fullmatch(text):
+        raise argparse.ArgumentTypeError(f'must be label matchers such as job="train",cluster=~"a.*" (got {text!r})')
+    return text.strip()
+
+
+def _watched(text: str) -> str:
+    if text != "step" and not _REGION.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be 'step' or a region as ROLE/STAGE (got {text!r})")
+    return text
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``alerts`` subcommand."""
+    parser = subparsers.add_parser(
+        "alerts",
+        help=HELP,
+        description=HELP + ". Thresholds are options; the YAML goes to standard output, for Prometheus' "
+        "rule_files (check it with `promtool check rules`).",
+    )
+    parser.add_argument(
+        "--selector",
+        type=_selector,
+        default="",
+        metavar="MATCHERS",
+        help='label matchers every series must match, e.g. job="train" (default: none)',
+    )
+    parser.add_argument(
+        "--stuck-after",
+        type=_seconds,
+        default=600,
+        metavar="SECONDS",
+        help="a job with no step for this long is stuck (default 600)",
+    )
+    parser.add_argument(
+        "--stuck-for",
+        type=_duration,
+        default="1m",
+        metavar="DURATION",
+        help="and stays so this long before the alert fires (default 1m)",
+    )
+    parser.add_argument(
+        "--straggler-on",
+        type=_watched,
+        default="step",
+        metavar="step|ROLE/STAGE",
+        help="compare ranks' step times, or a region's (one that excludes waiting "
+        "for the other ranks names the straggler in a synchronous job); default step",
+    )
+    parser.add_argument(
+        "--straggler-factor",
+        type=_factor,
+        default=1.25,
+        metavar="X",
+        help="a rank whose median is over X times its job's median (default 1.25)",
+    )
+    parser.add_argument(
+        "--straggler-window",
+        type=_duration,
+        default="5m",
+        metavar="DURATION",
+        help="medians over this window (default 5m)",
+    )
+    parser.add_argument(
+        "--straggler-for", type=_duration, default="5m", metavar="DURATION", help="for this long (default 5m)"
+    )
+    parser.add_argument(
+        "--regression-factor",
+        type=_factor,
+        default=1.5,
+        metavar="X",
+        help="a region whose mean time is over X times its mean of the hour before (default 1.5)",
+    )
+    parser.add_argument(
+        "--regression-window",
+        type=_duration,
+        default="10m",
+        metavar="DURATION",
+        help="the recent window compared with the hour before it (default 10m)",
+    )
+    parser.add_argument(
+        "--regression-for", type=_duration, default="10m", metavar="DURATION", help="for this long (default 10m)"
+    )
+    parser.add_argument("--severity", default="warning", metavar="LABEL",
+                        help="the severity label of every rule (default warning)")  # fmt: skip
+    parser.set_defaults(func=run)
+
+
+def build_rules(args: argparse.Namespace) -> dict[str, Any]:
+    """The rule file's content for the parsed options (plain data, dumped as YAML by ``run``)."""
+    sel = args.selector
+    prefix = "torchstep_prof"
+
+    def series(name: str, extra: str = "") -> str:
+        matchers = ",".join(part for part in (extra, sel) if part)
+        return f"{prefix}_{name}{{{matchers}}}" if matchers else f"{prefix}_{name}"
+
+    if args.straggler_on == "step":
+        buckets, what = series("step_seconds_bucket"), "step"
+    else:
+        role, stage = args.straggler_on.split("/", 1)
+        buckets, what = series("region_seconds_bucket", f'role="{role}",stage="{stage}"'), f"{role}/{stage}"
+    window = args.straggler_window
+    rank_median = f"histogram_quantile(0.5, sum by (job, rank, le) (rate({buckets}[{window}])))"
+    job_median = f"histogram_quantile(0.5, sum by (job, le) (rate({buckets}[{window}])))"
+
+    def mean(window: str, offset: str = "") -> str:
+        later = f" offset {offset}" if offset else ""
+        return (
+            f"sum by (job, role, stage) (rate({series('region_seconds_sum')}[{window}]{later})) / "
+            f"sum by (job, role, stage) (rate({series('region_seconds_count')}[{window}]{later}))"
+        )
+
+    recent = args.regression_window
+    return {
+        "groups": [
+            {
+                "name": "torchstep_prof",
+                "rules": [
+                    {
+                        "alert": "TorchstepProfJobStuck",
+                        "expr": f"time() - max by (job) ({series('last_step_timestamp_seconds')}) > {args.stuck_after}",
+                        "for": args.stuck_for,
+                        "labels": {"severity": args.severity},
+                        "annotations": {
+                            "summary": "Job {{ $labels.job }}: no step for over " + f"{args.stuck_after} s",
+                            "description": "No rank of {{ $labels.job }} ended a step for {{ $value | humanizeDuration }}.",
+                        },
+                    },
+                    {
+                        "alert": "TorchstepProfStragglerRank",
+                        "expr": f"{rank_median} > on (job) group_left {args.straggler_factor:g} * {job_median}",
+                        "for": args.straggler_for,
+                        "labels": {"severity": args.severity},
+                        "annotations": {
+                            "summary": "Job {{ $labels.job }}: rank {{ $labels.rank }} is a straggler",
+                            "description": f"Rank {{{{ $labels.rank }}}}'s median {what} time is over "
+                            f"{args.straggler_factor:g}x its job's median (over {window}).",
+                        },
+                    },
+                    {
+                        "alert": "TorchstepProfRegionRegressed",
+                        "expr": f"({mean(recent)}) > {args.regression_factor:g} * ({mean('1h', recent)})",
+                        "for": args.regression_for,
+                        "labels": {"severity": args.severity},
+                        "annotations": {
+                            "summary": "Job {{ $labels.job }}: region {{ $labels.role }}/{{ $labels.stage }} regressed",
+                            "description": f"Its mean time over the last {recent} is over "
+                            f"{args.regression_factor:g}x its mean over the hour before.",
+                        },
+                    },
+                ],
+            }
+        ]
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out ``alerts``; returns the exit code."""
+    import yaml
+
+    del args.func  # not an option
+    text = yaml.safe_dump(build_rules(args), sort_keys=False, width=10_000, allow_unicode=False)
+    sys.stdout.write(text)
+    return 0
