@@ -19,6 +19,8 @@ from .selection import frames as _frames
 from .selection import open_blocks as _open_blocks
 from .selection import steps as _steps
 from .triggers import watcher as _watcher
+from .live import open_regions as _live_regions
+from .live import reporter as _live_reporter
 from ._wrapping import around_each_call
 from .region_metrics import recorder as _recorder
 from .recording.range_names import RANGE_NAMES as _RANGE_NAMES
@@ -65,6 +67,8 @@ _TimedInner = _recorder.TimedInner  # metrics on: a range or a trace, timed
 _perf = _recorder._perf
 _record_step = _recorder.record_step
 _count = _steps.count  # the next number of (role, stage)'s counter
+_LIVE = _live_reporter.LIVE  # its .reporter: None unless a scope opted in to live status
+_open_region = _live_regions.open_region  # live status on: the region, shown while open
 
 
 class _Region:
@@ -128,6 +132,8 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             pass
     session = _SLOT.session
     if session is not None:
+        if frame.live:
+            return _open_region(frame, session, role, stage, step)
         if frame.metrics is not None:  # (never the nested fast path's frame: the engine sees to it)
             inner = _in_trace(frame, session, role, stage, step)
             return _Timed(role, stage) if inner is _IDLE_REGION else _TimedInner(role, stage, inner)
@@ -144,6 +150,8 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Any:
             frame = current_frame()
             if frame.quiet:
                 return _IDLE_REGION
+        if frame.live:
+            return _open_region(frame, None, role, stage, step)
         if frame.metrics is not None:
             if frame.idle:
                 return _Timed(role, stage)
@@ -275,6 +283,8 @@ class step:
     def _begin(self) -> None:
         frame = current_frame()
         self._frame_token = None
+        if _LIVE.reporter is not None:  # live status: the status thread reads the step
+            _LIVE.reporter.at_step(self.number)
         watcher = _ON_DEMAND.watcher
         if watcher is not None:  # on-demand traces: a requested step profiles under its own frame
             planned = watcher.at_step(frame, self.number)

@@ -44,7 +44,7 @@ _ON_DEMAND_FRAMES: list[Callable[[Frame], None]] = []
 
 
 def when_a_frame_opts_in(callback: Callable[[Frame], None]) -> None:
-    """Call ``callback(frame)`` for each frame made with an ``on_demand`` section."""
+    """Call ``callback(frame)`` for each frame made with an ``on_demand`` or ``stall`` section."""
     _ON_DEMAND_FRAMES.append(callback)
 
 
@@ -130,7 +130,7 @@ class Frame:
 
     __slots__ = (
         "config", "idle", "disabled", "hook_scope", "explicit_steps", "cycle", "cycle_run", "schedule_scope",
-        "rank_group", "rank_ok", "label_checks", "metrics", "quiet", "screened",
+        "rank_group", "rank_ok", "label_checks", "metrics", "quiet", "screened", "live",
     )  # fmt: skip
 
     def __init__(self, config: ProfilerConfig, hook_scope: Optional[HookScope]) -> None:
@@ -145,8 +145,10 @@ class Frame:
         # screened, as the root frame is: regions check both only past the quiet test.
         metrics = config.metrics
         self.metrics = metrics if metrics is not None and metrics.enable else None
-        self.quiet = self.idle and self.metrics is None
-        self.screened = self.metrics is not None
+        # Live status on (live/open_regions.py): every region is shown while open, so none is quiet.
+        self.live = not self.disabled and (config.stall is not None or config.on_demand is not None)
+        self.quiet = self.idle and self.metrics is None and not self.live
+        self.screened = self.metrics is not None or self.live
         self.hook_scope = hook_scope
         schedule = config.schedule
         # An explicit list is a set (no schedule: the empty one); a cycle is a CyclePlan.
@@ -306,7 +308,7 @@ def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: b
     from .missed_steps import ScheduleScope
 
     frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)
-    if config.on_demand is not None:
+    if config.on_demand is not None or config.stall is not None:
         for opted_in in _ON_DEMAND_FRAMES:
             opted_in(frame)
     return frame

@@ -1,0 +1,130 @@
+"""The regions each thread has entered and not left, with their entry times: what the live status shows.
+
+With live status on (a ``stall`` section or an ``on_demand`` folder in force), a region is wrapped
+in an :class:`OpenRegion`: its entry appends ``[role, stage, wall time]`` to its thread's list and
+its exit removes that entry. Each thread appends to its own list only, so the training thread
+takes no lock per region; the status thread copies the lists (``list.copy`` is atomic) when it
+polls. Interleaved asyncio tasks share their thread's list: an exit removes its own entry, not
+the last one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from .._fork import at_fork_in_child
+
+__all__ = ["OpenRegion", "open_region", "open_regions"]
+
+_wall = time.time
+_LOCAL = threading.local()  # .entries: this thread's open regions, outermost first
+_LISTS: dict[int, list[list[Any]]] = {}  # thread ident -> its list (a thread registers once)
+_LISTS_LOCK = threading.Lock()
+
+
+def _entries() -> list[list[Any]]:
+    """This thread's list, made and registered on its first region."""
+    entries: list[list[Any]] = []
+    _LOCAL.entries = entries
+    with _LISTS_LOCK:
+        _LISTS[threading.get_ident()] = entries
+    return entries
+
+
+class OpenRegion:
+    """A region the live status shows while it is open, around what the region is otherwise
+    (``inner``: the shared no-op, a range in a trace, a trace of its own, a timed region)."""
+
+    __slots__ = ("entry", "inner")
+
+    def __init__(self, role: str, stage: str, inner: Any) -> None:
+        self.inner = inner
+        self.entry = [role, stage, 0.0]
+
+    def __enter__(self) -> Any:
+        entered = self.inner.__enter__()
+        entry = self.entry
+        entry[2] = _wall()
+        try:
+            _LOCAL.entries.append(entry)
+        except AttributeError:  # this thread's first region
+            _entries().append(entry)
+        return entered
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+        entries = _LOCAL.entries
+        entry = self.entry
+        if entries and entries[-1] is entry:
+            entries.pop()
+        else:  # an interleaved task's region, or one left in another order
+            for index in range(len(entries) - 1, -1, -1):
+                if entries[index] is entry:
+                    del entries[index]
+                    break
+        return self.inner.__exit__(exc_type, exc, tb)
+
+
+def open_region(frame: Any, session: Any, role: str, stage: str, step: Any) -> Any:
+    """What ``profile_region`` returns with live status on: the region it would be otherwise,
+    decided by its own rules, wrapped so that the status shows it while it is open."""
+    regions = _regions()
+    if session is not None:
+        inner = regions._in_trace(frame, session, role, stage, step)
+    elif frame.idle:
+        inner = regions._IDLE_REGION
+    else:
+        inner = regions._decided(frame, role, stage, step)
+    if frame.metrics is not None:
+        inner = (
+            regions._Timed(role, stage) if inner is regions._IDLE_REGION else regions._TimedInner(role, stage, inner)
+        )
+    return OpenRegion(role, stage, inner)
+
+
+_REGIONS: list[Any] = []
+
+
+def _regions() -> Any:
+    # regions.py imports this module: it is looked up on first use, then kept.
+    if not _REGIONS:
+        from .. import regions
+
+        _REGIONS.append(regions)
+    return _REGIONS[0]
+
+
+def open_regions() -> dict[int, list[tuple[Any, Any, float]]]:
+    """Every thread's open regions now, outermost first (for the status thread)."""
+    with _LISTS_LOCK:
+        lists = list(_LISTS.items())
+    alive = {thread.ident for thread in threading.enumerate()}
+    found: dict[int, list[tuple[Any, Any, float]]] = {}
+    gone = []
+    for ident, entries in lists:
+        if ident not in alive:
+            gone.append(ident)
+            continue
+        copied = entries.copy()
+        if copied:
+            found[ident] = [(e[0], e[1], e[2]) for e in copied]
+    if gone:
+        with _LISTS_LOCK:
+            for ident in gone:
+                _LISTS.pop(ident, None)
+    return found
+
+
+def _forget_after_fork() -> None:
+    # A forked child keeps only its own thread's list (the others' threads do not exist there).
+    global _LISTS_LOCK
+    _LISTS_LOCK = threading.Lock()
+    me = threading.get_ident()
+    kept = _LISTS.get(me)
+    _LISTS.clear()
+    if kept is not None:
+        _LISTS[me] = kept
+
+
+at_fork_in_child(_forget_after_fork)
