@@ -214,3 +214,32 @@ def test_hostile_status_folders_hang_neither_the_job_nor_the_command(tmp_path):
     assert "live-rank2.json: a symbolic link" in shown.stderr
     assert "live-rank3.json" in shown.stderr and "\x1b" not in shown.stderr
     assert "actor\\x1b[31m/up\\ndate" in shown.stdout and "\x1b" not in shown.stdout
+
+
+def test_run_stall_after_reports_a_script_stuck_between_optimizer_steps(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import time, torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "def load_batch(n):\n"
+        "    time.sleep(3.0 if n == 3 else 0.01)\n"
+        "    return torch.randn(8, 4)\n"
+        "for n in range(1, 6):\n"
+        "    model(load_batch(n)).sum().backward()\n"
+        "    opt.step()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "torchstep_prof", "run", "--stall-after", "1", "--set", "stall.poll_s=0.1",
+         "--save-path", str(tmp_path / "out"), str(script)],
+        capture_output=True, text=True, env=worker_env(), cwd=tmp_path, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = (tmp_path / "out" / "status" / "stall-rank0.txt").read_text()
+    # Two optimizer steps ended: the script is in step 3 when load_batch(3) sleeps.
+    assert report.startswith("rank 0: no step progress for 1.") and "at step 3" in report
+    assert "in load_batch" in report and "time.sleep(3.0 if n == 3 else 0.01)" in report
+    assert "has made no step progress" in done.stderr
+    bad = subprocess.run([sys.executable, "-m", "torchstep_prof", "run", "--stall-after", "0", str(script)],
+                         capture_output=True, text=True, env=worker_env(), cwd=tmp_path, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "stall.after_s: must be > 0 (got 0.0)" in bad.stderr

@@ -243,6 +243,9 @@ def _decided(frame: Frame, role: str, stage: str, step: Optional[int]) -> Any:
     return _Region(frame, role, stage, step, action)
 
 
+_live_regions.use_rules(_in_trace, _decided, _IDLE_REGION)  # live status wraps regions decided by these
+
+
 def _check_labels(role: str, stage: str) -> None:
     """Labels are checked the first time they are seen, whether or not the step is profiled
     (recording/labels.py: warnings, never an error, as with metrics alone)."""

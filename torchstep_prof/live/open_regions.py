@@ -15,8 +15,9 @@ import time
 from typing import Any
 
 from .._fork import at_fork_in_child
+from ..region_metrics.recorder import TimedInner, TimedRegion
 
-__all__ = ["OpenRegion", "open_region", "open_regions"]
+__all__ = ["OpenRegion", "open_region", "open_regions", "use_rules"]
 
 _wall = time.time
 _LOCAL = threading.local()  # .entries: this thread's open regions, outermost first
@@ -69,30 +70,25 @@ class OpenRegion:
 def open_region(frame: Any, session: Any, role: str, stage: str, step: Any) -> Any:
     """What ``profile_region`` returns with live status on: the region it would be otherwise,
     decided by its own rules, wrapped so that the status shows it while it is open."""
-    regions = _regions()
+    in_trace, decided, idle = _RULES
     if session is not None:
-        inner = regions._in_trace(frame, session, role, stage, step)
+        inner = in_trace(frame, session, role, stage, step)
     elif frame.idle:
-        inner = regions._IDLE_REGION
+        inner = idle
     else:
-        inner = regions._decided(frame, role, stage, step)
+        inner = decided(frame, role, stage, step)
     if frame.metrics is not None:
-        inner = (
-            regions._Timed(role, stage) if inner is regions._IDLE_REGION else regions._TimedInner(role, stage, inner)
-        )
+        inner = TimedRegion(role, stage) if inner is idle else TimedInner(role, stage, inner)
     return OpenRegion(role, stage, inner)
 
 
-_REGIONS: list[Any] = []
+_RULES: list[Any] = [None, None, None]
 
 
-def _regions() -> Any:
-    # regions.py imports this module: it is looked up on first use, then kept.
-    if not _REGIONS:
-        from .. import regions
-
-        _REGIONS.append(regions)
-    return _REGIONS[0]
+def use_rules(in_trace: Any, decided: Any, idle: Any) -> None:
+    """regions.py hands over its rules at import (what a region is inside a trace, what it is
+    under a schedule, the shared no-op): it imports this module, so this one cannot import it."""
+    _RULES[:] = [in_trace, decided, idle]
 
 
 def open_regions() -> dict[int, list[tuple[Any, Any, float]]]:

@@ -166,7 +166,8 @@ class Reporter:
         regions = open_regions().get(ident, []) if ident is not None else []
         quiet_s = mono - self._progress
         threshold = self.threshold_s()
-        stalled = running and threshold is not None and quiet_s > threshold
+        # Armed from the first step on: imports, data loading and compiling before it may take long.
+        stalled = running and threshold is not None and step is not None and quiet_s > threshold
         topology = current_topology()
         status: dict[str, Any] = {
             "kind": "torchstep_prof live status", "rank": topology.rank, "world_size": topology.world_size,

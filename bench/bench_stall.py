@@ -1,0 +1,193 @@
+"""What live status and the stall detector cost a training loop that is not profiled (target: within 1%).
+
+Counted as ``bench_run.py`` counts ``run``: instructions a step (the target ``stall_instructions``),
+the same child script in two fresh interpreters under valgrind's callgrind, with and without
+``tsp.stall``, every instruction of every thread counted (the status thread's polls included;
+under valgrind a step takes ~50x its time, so the polls a step are ~50x as many as for real:
+the count is an upper bound). Beside it, the wall time in one process, and one poll's time.
+
+A training step of about 3 ms (an MLP forward, backward and SGD update, one torch thread, with
+four ``profile_region`` blocks in it) runs in ``tsp.step(n)`` blocks in one process, side by
+side round by round: under a plain ``configure`` scope, and under ``tsp.stall(DIR, after_s=...)``
+(the status thread sampling the training thread's stack and writing its status every poll,
+every region kept on the open-regions list). No stall fires. What differs is the status
+thread, the step boundary's note of the step, and each region's entry and exit on the list.
+The target is the default ``poll_s`` (1 s); polling every 0.1 s is shown too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _instructions  # noqa: E402
+import _timing  # noqa: E402
+from _timing import Report, Stat, Target, interleave, ratio_target, stat  # noqa: E402
+
+LIMIT = 1.01
+STEPS_PER_SAMPLE = 300  # ~1 s a sample: at least one default poll each
+COUNTED_STEPS = 3  # a step is ~100 M instructions, the same each step
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_step():  # type: ignore[no-untyped-def]
+    """The training step the counts compare: ~10 ms, as bench_run's, with four regions."""
+    import torchstep_prof as tsp
+
+    mlp_step = _timing.make_mlp_step(width=512, batch=192, layers=3)
+    region = tsp.profile_region
+
+    def one() -> None:
+        with region("actor", "step"):
+            with region("actor", "forward"):
+                pass
+            mlp_step()
+            with region("actor", "backward"):
+                pass
+            with region("actor", "update"):
+                pass
+
+    return one
+
+
+def child(mode: str, steps: int) -> None:
+    """In the fresh interpreter: ``steps`` steps under ``tsp.stall`` (mode ``on``) or not."""
+    import torchstep_prof as tsp
+
+    one = make_step()
+    with tempfile.TemporaryDirectory(prefix="tsp-bench-stall-") as scratch:
+        fields = {"stall": {"dir": f"{scratch}/status", "after_s": 600}} if mode == "on" else {}
+        with tsp.configure(save_path=scratch, summary=False, **fields):  # type: ignore[arg-type]
+            for n in range(1, 4):
+                with tsp.step(n):
+                    one()
+            _instructions.begin()  # a no-op unless this child runs under callgrind
+            for n in range(4, 4 + steps):
+                with tsp.step(n):
+                    one()
+            _instructions.end()
+    print(json.dumps({"threads": threading.active_count()}))
+
+
+def instructions(report: Report) -> None:
+    """Both children under callgrind at once (a count does not care what else runs)."""
+    reason = "--smoke (2-3 minutes under valgrind)" if _timing.SMOKE else _instructions.missing()
+    if reason:
+        report.notes.append(f"instructions a step not counted, so no stall_instructions target: {reason}")
+        return
+    env = {k: v for k, v in os.environ.items() if k not in _timing.ENGINE_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.update(_timing.ALLOCATOR_ENV, PYTHONHASHSEED="0", TORCHSTEP_PROF_SUMMARY="0")
+    commands = [
+        [sys.executable, str(Path(__file__).resolve()), "--child", mode, str(COUNTED_STEPS)] for mode in ("off", "on")
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        off, on = pool.map(lambda command: _instructions.count(command, env).instructions, commands)
+    for label, value in (("no live status", off), ("tsp.stall (poll_s=1)", on)):
+        per = value / COUNTED_STEPS
+        report.add(Stat(f"{label}: instructions a step", per, per, per, 1, ""))
+    report.targets.append(Target("stall_instructions", on / off, on / off, on / off, LIMIT, "x",
+                                 "a ~10 ms step with 4 regions under tsp.stall vs without: instructions a step"))  # fmt: skip
+    report.notes.append(f"tsp.stall adds {(on - off) / COUNTED_STEPS:,.0f} instructions a step "
+                        f"(callgrind, every thread of the process, {COUNTED_STEPS} steps each)")  # fmt: skip
+
+
+def one_poll(report: Report) -> None:
+    """One poll of the status thread (stack sample, status write), timed from another thread."""
+    import torchstep_prof as tsp
+    from torchstep_prof.live.reporter import LIVE
+
+    with tempfile.TemporaryDirectory(prefix="tsp-bench-stall-") as scratch:
+        with tsp.stall(f"{scratch}/status", after_s=600, poll_s=3600), tsp.step(1), tsp.profile_region("a", "b"):
+            reporter = LIVE.reporter
+            assert reporter is not None
+            times: list[float] = []
+
+            def polls() -> None:
+                for _ in range(200):
+                    t0 = time.perf_counter()
+                    reporter.poll()
+                    times.append(time.perf_counter() - t0)
+
+            thread = threading.Thread(target=polls)
+            thread.start()
+            thread.join()
+    report.add(stat("one poll (stack sample and status write), from the status thread", times))
+
+
+def run(quick: bool = False) -> Report:
+    _timing.clean_environment()
+    import torchstep_prof as tsp
+
+    report = Report("bench_stall")
+    instructions(report)
+    one_poll(report)
+    mlp_step = _timing.make_mlp_step(width=384, batch=96, layers=3)
+    numbers = itertools.count(1)
+    per_sample = 30 if _timing.SMOKE else STEPS_PER_SAMPLE
+    region = tsp.profile_region
+
+    def steps() -> float:
+        import time
+
+        t0 = time.perf_counter()
+        for _ in range(per_sample):
+            with tsp.step(next(numbers)):
+                with region("actor", "step"):
+                    with region("actor", "forward"):
+                        pass
+                    mlp_step()
+                    with region("actor", "backward"):
+                        pass
+                    with region("actor", "update"):
+                        pass
+        return (time.perf_counter() - t0) / per_sample
+
+    with tempfile.TemporaryDirectory(prefix="tsp-bench-stall-") as scratch:
+
+        def under(**fields: object):  # type: ignore[no-untyped-def]
+            def sample() -> float:
+                with tsp.configure(save_path=scratch, summary=False, **fields):  # type: ignore[arg-type]
+                    return steps()
+
+            return sample
+
+        samples = interleave(
+            {
+                "off": under(),
+                "fast": under(stall={"dir": f"{scratch}/status", "after_s": 600, "poll_s": 0.1}),
+                "default": under(stall={"dir": f"{scratch}/status", "after_s": 600}),
+            },
+            rounds=4 if quick else 16,
+        )
+    report.add(stat("training step (~3 ms, 4 regions), no live status", samples["off"]))
+    report.add(stat("training step, stall polling every 0.1 s", samples["fast"]))
+    report.add(stat("training step, stall polling every 1 s (the default)", samples["default"]))
+    report.add(_timing.ratio_stat("stall poll_s=0.1 vs off", samples["off"], samples["fast"]))
+    report.targets.append(
+        ratio_target(
+            "stall_status_thread",
+            samples["off"],
+            samples["default"],
+            LIMIT,
+            "a ~3 ms step with 4 regions, live status and the stall detector (poll_s=1) vs without",
+        )  # fmt: skip
+    )
+    report.notes.append(f"{STEPS_PER_SAMPLE} steps a sample, one torch thread, no stall")
+    return report
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2], int(sys.argv[3]))
+    else:
+        _timing.main(run)
