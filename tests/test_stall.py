@@ -164,6 +164,43 @@ def test_bad_stall_settings_are_config_errors():
     assert tsp.apply_overrides(tsp.ProfilerConfig(), ["stall.after_s=600"]).stall == tsp.StallConfig(after_s=600)
 
 
+def test_each_process_role_keeps_a_status_of_its_own(tmp_path):
+    folder = tmp_path / "status"
+    for role in ("rollout", "actor"):  # two Ray actors of rank 0, one after the other here
+        with tsp.configure(process_role=role, stall={"dir": str(folder), "after_s": 600, "poll_s": 0.05}):
+            with tsp.step(3), tsp.profile_region(role, "generate"):
+                time.sleep(0.2)
+    assert sorted(p.name for p in folder.iterdir()) == ["live-rank0-actor.json", "live-rank0-rollout.json"]
+    shown = status_cmd(str(folder), "--json")
+    assert [(r["rank"], r["role"], r["state"], r["step"]) for r in json.loads(shown.stdout)["ranks"]] == [
+        (0, "actor", "stopped", 3),
+        (0, "rollout", "stopped", 3),
+    ]
+    assert (
+        json.loads(shown.stdout)["verdict"][0]
+        == "rank 0 (actor) stopped reporting at step 3 (its scope ended, or the process exited)"
+    )
+
+
+def test_an_on_demand_folder_holds_the_live_status_written_by_its_poll_thread(tmp_path):
+    import threading
+
+    folder = tmp_path / "od"
+    with tsp.on_demand(folder, poll_s=0.05):
+        with tsp.step(12), tsp.profile_region("rollout", "generate"):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (folder / "live-rank0.json").exists():
+                time.sleep(0.05)
+            names = sorted(t.name for t in threading.enumerate() if t.name.startswith("torchstep_prof"))
+            time.sleep(0.2)
+            live = json.loads((folder / "live-rank0.json").read_text())
+    assert "torchstep_prof-live" not in names and "torchstep_prof-on-demand" in names  # no second thread
+    assert live["step"] == 12 and [(r["role"], r["stage"]) for r in live["regions"]] == [("rollout", "generate")]
+    assert live["threshold_s"] is None  # no stall rule without a stall section
+    assert json.loads((folder / "live-rank0.json").read_text())["running"] is False
+    assert json.loads((folder / "status-rank0.json").read_text())["step"] == 12  # the trigger's status too
+
+
 def write_status(folder: Path, rank: int, **fields) -> None:
     data = {"rank": rank, "world_size": 3, "pid": 1, "host": "h", "time": time.time(), "poll_s": 1.0,
             "running": True, "step": 7, "regions": [], "collective": None, "stack": []}  # fmt: skip
@@ -243,3 +280,36 @@ def test_run_stall_after_reports_a_script_stuck_between_optimizer_steps(tmp_path
     bad = subprocess.run([sys.executable, "-m", "torchstep_prof", "run", "--stall-after", "0", str(script)],
                          capture_output=True, text=True, env=worker_env(), cwd=tmp_path, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "stall.after_s: must be > 0 (got 0.0)" in bad.stderr
+
+
+def test_the_lightning_callbacks_stall_argument_reports_a_stuck_training_step(tmp_path):
+    pytest.importorskip(
+        "lightning.pytorch", reason="lightning is not installed (pip install torchstep_prof[lightning])"
+    )
+    folder = tmp_path / "status"
+    script = tmp_path / "fit.py"
+    script.write_text(
+        "import time, torch\nimport lightning.pytorch as pl\n"
+        "from torchstep_prof.integrations.lightning import TorchstepProfCallback\n"
+        "class Tiny(pl.LightningModule):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.layer = torch.nn.Linear(8, 1)\n"
+        "    def training_step(self, batch, batch_idx):\n"
+        "        time.sleep(2.0 if batch_idx == 4 else 0.02)\n"
+        "        return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])\n"
+        "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.01)\n"
+        "data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))\n"
+        f"callback = TorchstepProfCallback(save_path={str(tmp_path / 'traces')!r}, "
+        f"stall={{'dir': {str(folder)!r}, 'after_s': 0.8, 'poll_s': 0.05}})\n"
+        "trainer = pl.Trainer(max_steps=8, accelerator='cpu', devices=1, logger=False, enable_checkpointing=False,\n"
+        "                     enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])\n"
+        "trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=4))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=worker_env(),
+                          cwd=tmp_path, timeout=WAIT_S)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = (folder / "stall-rank0.txt").read_text()
+    assert "at step 5" in report, report  # batch 4 makes the global step 5
+    assert "trainer/training_step" in report and "in training_step" in report
+    assert "time.sleep(2.0 if batch_idx == 4 else 0.02)" in report
+    final = json.loads((folder / "live-rank0.json").read_text())
+    assert final["running"] is False and final["step"] == 8

@@ -1,7 +1,8 @@
 """The job's side of live status: the status thread, and what a step boundary tells it.
 
 A job that opts in (a ``stall`` section, or an ``on_demand`` folder) gets one daemon thread per
-process. Every ``poll_s`` it samples the training thread (the thread of the last step
+process (with only an ``on_demand`` folder, the on-demand poll thread does this work: no second
+thread). Every ``poll_s`` it samples the training thread (the thread of the last step
 boundary, else the main thread) from outside: its stack and collective (sampling.py) and its
 open regions (open_regions.py), and writes them to ``live-rank<R>.json`` (status.py) with a new
 file and a rename. The training thread only stores its step number at each step boundary.
@@ -28,6 +29,7 @@ from ..config.model import ProfilerConfig, StallConfig
 from ..errors import TorchstepProfWarning, warn
 from ..selection.frames import Frame, when_a_frame_opts_in
 from ..topology import current_topology
+from ..triggers.watcher import ON_DEMAND
 from . import sampling
 from .open_regions import open_regions
 from .stall import StallReport, fire
@@ -99,6 +101,7 @@ class Reporter:
         self._fired: Optional[StallReport] = None
         self._warned: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="torchstep_prof-live", daemon=True)
+        self._rides: Any = None  # the on-demand poll thread's watcher this status rides, if any
 
     # --- the training thread --------------------------------------------------------------
 
@@ -107,17 +110,28 @@ class Reporter:
         self.step = number
         self.thread = get_ident()
 
-    def start(self) -> None:
-        """Start the status thread. The training thread only makes the folder: every file in it
-        is written on the status thread (a FIFO planted there must never hold up training)."""
+    def start(self, rides: Any = None) -> None:
+        """Start polling: on the on-demand poll thread's watcher ``rides`` (the same folder and
+        poll: no second thread), else on a thread of its own. The training thread only makes
+        the folder: every file in it is written by the polling thread (a FIFO planted there
+        must never hold up training)."""
         os.makedirs(self.settings.dir, exist_ok=True)
         if not os.path.isdir(self.settings.dir):
             raise NotADirectoryError(f"{self.settings.dir} is not a folder")
-        self._thread.start()
+        if rides is not None:
+            self._rides = rides
+            rides.riders.append(self._poll_quietly)
+        else:
+            self._thread.start()
 
     def stop(self) -> None:
         """Stop (the scope that opted in exits, or the process does); the status says so."""
         self._stop.set()
+        if self._rides is not None:
+            try:
+                self._rides.riders.remove(self._poll_quietly)
+            except ValueError:
+                pass
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.settings.poll_s + 5.0)
         try:
@@ -129,12 +143,17 @@ class Reporter:
 
     def _run(self) -> None:
         while True:
-            try:
-                self.poll()
-            except Exception as exc:  # never let the thread die silently, nor raise
-                self._warn_failure(exc)
+            self._poll_quietly()
             if self._stop.wait(self.settings.poll_s):
                 return
+
+    def _poll_quietly(self) -> None:
+        if self._stop.is_set():
+            return
+        try:
+            self.poll()
+        except Exception as exc:  # never let the polling thread die silently, nor raise
+            self._warn_failure(exc)
 
     def threshold_s(self) -> Optional[float]:
         """Seconds without a new step that make a stall (None: no stall rule)."""
@@ -240,8 +259,12 @@ def watch(frame: Frame) -> None:
                 )
             return
         reporter = Reporter(settings, frame.config.process_role, frame.config.save_path)
+        # Only the on-demand folder, no stall rule: its poll thread (started first, for the
+        # same frame) writes the live status too.
+        watcher = ON_DEMAND.watcher
+        rides = watcher if settings.stall is None and watcher is not None and watcher.folder == settings.dir else None
         try:
-            reporter.start()
+            reporter.start(rides)
         except OSError as exc:
             warn(
                 f"torchstep_prof: live status is off: {settings.dir!r} cannot be used ({exc})",
