@@ -202,6 +202,36 @@ def test_an_on_demand_folder_holds_the_live_status_written_by_its_poll_thread(tm
     assert json.loads((folder / "status-rank0.json").read_text())["step"] == 12  # the trigger's status too
 
 
+def live_status(folder: Path, name: str = "live-rank0.json") -> dict:
+    try:
+        return json.loads((folder / name).read_text())
+    except FileNotFoundError:  # the status thread's first write is still to come
+        return {}
+
+
+def test_profiled_regions_are_traced_as_before_and_shown_while_open(tmp_path):
+    folder, traces = tmp_path / "status", tmp_path / "traces"
+    seen = {}
+    with tsp.configure(save_path=str(traces), summary=False), tsp.schedule(steps=[2]):
+        with tsp.stall(folder, after_s=600, poll_s=0.05):
+            for n in (1, 2, 3):
+                with tsp.step(n), tsp.profile_region("critic", "update"):
+                    with tsp.profile_region("critic", "loss"):
+                        deadline = time.monotonic() + 30
+                        while time.monotonic() < deadline:
+                            live = live_status(folder)
+                            if live.get("step") == n and len(live["regions"]) == 2:
+                                break
+                            time.sleep(0.05)
+                        seen[n] = [(r["role"], r["stage"]) for r in live["regions"]]
+    tsp.flush()
+    assert seen == {n: [("critic", "update"), ("critic", "loss")] for n in (1, 2, 3)}
+    names = [tsp.parse_trace_name(p) for p in traces.glob("*.json")]
+    assert [(t.role, t.stage, t.step) for t in names] == [("critic", "update", 2)]
+    events = json.loads(next(traces.glob("*.json")).read_text())["traceEvents"]
+    assert any(e.get("name") == "critic/loss" for e in events)  # the nested region, a range in it
+
+
 def write_status(folder: Path, rank: int, **fields) -> None:
     data = {"rank": rank, "world_size": 3, "pid": 1, "host": "h", "time": time.time(), "poll_s": 1.0,
             "running": True, "step": 7, "regions": [], "collective": None, "stack": []}  # fmt: skip

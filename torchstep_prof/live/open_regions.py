@@ -17,7 +17,7 @@ from typing import Any
 from .._fork import at_fork_in_child
 from ..region_metrics.recorder import TimedInner, TimedRegion
 
-__all__ = ["OpenRegion", "open_region", "open_regions", "use_rules"]
+__all__ = ["OpenIdle", "OpenRegion", "open_region", "open_regions", "use_rules"]
 
 _wall = time.time
 _LOCAL = threading.local()  # .entries: this thread's open regions, outermost first
@@ -34,9 +34,42 @@ def _entries() -> list[list[Any]]:
     return entries
 
 
+class OpenIdle(list):  # type: ignore[type-arg]
+    """A not-profiled region the live status shows while it is open (the common case): itself
+    the list entry ``[role, stage, entered]``, made by ``list``'s own C constructor (no Python
+    frame). ``as`` gets ``""``, as a timed region's does."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Any:
+        self[2] = _wall()
+        try:
+            _LOCAL.entries.append(self)
+        except AttributeError:  # this thread's first region
+            _entries().append(self)
+        return ""
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        entries = _LOCAL.entries
+        if entries[-1] is self:
+            entries.pop()
+        else:
+            _remove(entries, self)
+
+
+def _remove(entries: list[Any], entry: Any) -> None:
+    if entries[-1] is entry:
+        entries.pop()
+        return
+    for index in range(len(entries) - 1, -1, -1):  # an interleaved task's region, or out of order
+        if entries[index] is entry:
+            del entries[index]
+            return
+
+
 class OpenRegion:
     """A region the live status shows while it is open, around what the region is otherwise
-    (``inner``: the shared no-op, a range in a trace, a trace of its own, a timed region)."""
+    (``inner``: a range in a trace, a trace of its own, a timed region)."""
 
     __slots__ = ("entry", "inner")
 
@@ -50,35 +83,32 @@ class OpenRegion:
         entry[2] = _wall()
         try:
             _LOCAL.entries.append(entry)
-        except AttributeError:  # this thread's first region
+        except AttributeError:
             _entries().append(entry)
         return entered
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
-        entries = _LOCAL.entries
-        entry = self.entry
-        if entries and entries[-1] is entry:
-            entries.pop()
-        else:  # an interleaved task's region, or one left in another order
-            for index in range(len(entries) - 1, -1, -1):
-                if entries[index] is entry:
-                    del entries[index]
-                    break
+        _remove(_LOCAL.entries, self.entry)
         return self.inner.__exit__(exc_type, exc, tb)
 
 
 def open_region(frame: Any, session: Any, role: str, stage: str, step: Any) -> Any:
     """What ``profile_region`` returns with live status on: the region it would be otherwise,
     decided by its own rules, wrapped so that the status shows it while it is open."""
+    if session is None and frame.idle and frame.metrics is None:  # the common case: nothing else to do
+        return OpenIdle((role, stage, 0.0))
     in_trace, decided, idle = _RULES
-    if session is not None:
-        inner = in_trace(frame, session, role, stage, step)
-    elif frame.idle:
-        inner = idle
-    else:
-        inner = decided(frame, role, stage, step)
+    inner = (
+        in_trace(frame, session, role, stage, step)
+        if session is not None
+        else decided(frame, role, stage, step)
+        if not frame.idle
+        else idle
+    )
     if frame.metrics is not None:
         inner = TimedRegion(role, stage) if inner is idle else TimedInner(role, stage, inner)
+    elif inner is idle:
+        return OpenIdle((role, stage, 0.0))
     return OpenRegion(role, stage, inner)
 
 
