@@ -69,7 +69,9 @@ def user_frame(frames: list[FrameType]) -> Optional[FrameType]:
     standard library's (``train.py:42 in update``)."""
     for frame in reversed(frames):
         path = frame.f_code.co_filename
-        if path.startswith(_PACKAGE) or path.startswith(_STDLIB) or path.startswith("<"):
+        if path.startswith(_PACKAGE) or path.startswith("<"):
+            continue
+        if path.startswith(_STDLIB) and "-packages" not in path:  # an installed framework is the user's code
             continue
         if any(part in path for part in _TORCH_PARTS):
             continue
