@@ -259,6 +259,18 @@ def test_status_names_a_missing_folder_a_stale_rank_and_a_missing_one(tmp_path):
     assert re.search(r"^rank 0  stale \(1[2-7]\d s ago\)  7 ", shown.stdout, re.M), shown.stdout
 
 
+def test_ranks_in_different_collectives_are_named_as_a_mismatch(tmp_path):
+    since = time.time() - 40
+    write_status(tmp_path, 0, collective="all_reduce", ordinal=5, collective_since=since, world_size=2)
+    write_status(tmp_path, 1, collective="broadcast", ordinal=5, collective_since=since, world_size=2)
+    shown = status_cmd(str(tmp_path), "--json")
+    verdict = json.loads(shown.stdout)["verdict"]
+    assert len(verdict) == 1 and verdict[0].startswith(
+        "the ranks are in different collectives (called in a different order?): rank 0 waits in all_reduce #5 (4"
+    )
+    assert "; rank 1 waits in broadcast #5 (4" in verdict[0]
+
+
 def test_hostile_status_folders_hang_neither_the_job_nor_the_command(tmp_path):
     folder = tmp_path / "status"
     folder.mkdir()
@@ -347,3 +359,22 @@ def test_the_lightning_callbacks_stall_argument_reports_a_stuck_training_step(tm
     assert "time.sleep(2.0 if batch_idx == 4 else 0.02)" in report
     final = json.loads((folder / "live-rank0.json").read_text())
     assert final["running"] is False and final["step"] == 8
+
+
+def test_ray_actors_of_two_roles_keep_their_own_status_and_the_slow_one_is_named(tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed (pip install torchstep_prof[ray])")
+    folder = tmp_path / "status"
+    done = subprocess.run([sys.executable, str(WORKERS / "stall_ray_roles.py"), str(folder)], capture_output=True,
+                          text=True, env=worker_env({"RAY_USAGE_STATS_ENABLED": "0"}), cwd=tmp_path, timeout=500)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    status = json.loads(done.stdout.split("STATUS ", 1)[1])
+    ranks = {(r["rank"], r["role"]): r for r in status["ranks"]}
+    assert set(ranks) == {(0, "actor"), (1, "rollout")}
+    slow = ranks[1, "rollout"]
+    assert slow["state"] == "stalled" and slow["step"] == 2 and slow["where"].endswith("in generate")
+    assert [(r["role"], r["stage"]) for r in slow["regions"]] == [("rollout", "generate")]
+    assert status["verdict"][0].startswith("rank 1 (rollout) is stalled: has been in rollout/generate for ")
+    report = (folder / "stall-rank1-rollout.txt").read_text()
+    assert report.startswith("rank 1 (rollout): no step progress for ") and "in generate" in report
+    assert not (folder / "stall-rank0-actor.txt").exists()
+    assert sorted(p.name for p in folder.glob("live-*.json")) == ["live-rank0-actor.json", "live-rank1-rollout.json"]

@@ -93,9 +93,14 @@ def verdict(views: Sequence[RankView], now: float) -> list[str]:
                 + "; ".join(_waiters(waiting, now))
             )
     elif live:
-        stalled = [v for v in live if v.state == "stalled"]
+        # Ranks stuck inside a region first, the longest first: those idle outside any region
+        # (a Ray worker waiting for its driver) more likely wait for them.
+        stalled = sorted(
+            (v for v in live if v.state == "stalled"),
+            key=lambda v: (not v.status.regions, min((e.since for e in v.status.regions), default=0.0)),
+        )
         for v in stalled[:RANKS_SHOWN]:
-            lines.append(f"{v.status.name} is stalled: " + _where_it_is(v, now).split(" ", 2)[2])
+            lines.append(f"{v.status.name} is stalled: " + _where_it_is(v, now, named=False))
         if not stalled:
             steps = sorted({v.status.step for v in live if v.status.step is not None})
             span = (
@@ -119,15 +124,16 @@ def verdict(views: Sequence[RankView], now: float) -> list[str]:
     return lines
 
 
-def _where_it_is(v: RankView, now: float) -> str:
+def _where_it_is(v: RankView, now: float, named: bool = True) -> str:
     status = v.status
     step = "before its first step" if status.step is None else f"at step {status.step}"
     region = v.region_text(now)
+    who = f"{status.name} has been" if named else "has been"
     if region is not None:
-        text = f"{status.name} has been in {region} {step}"
+        text = f"{who} in {region} {step}"
     else:
         since = status.step_since if status.step_since is not None else status.time
-        text = f"{status.name} has been outside any region for {_seconds(now - since)} {step}"
+        text = f"{who} outside any region for {_seconds(now - since)} {step}"
     return text + (f" ({status.where})" if status.where else "")
 
 
