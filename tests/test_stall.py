@@ -290,7 +290,9 @@ def test_hostile_status_folders_hang_neither_the_job_nor_the_command(tmp_path):
     os.mkfifo(folder / "live-rank1.json")
     os.symlink(outside, folder / "live-rank2.json")
     (folder / "live-rank3.json").write_text("\x1b[2J" * 10)
-    write_status(folder, 4, regions=[{"role": "actor\x1b[31m", "stage": "up\ndate", "since": time.time()}])
+    write_status(
+        folder, 4, world_size=2**62, regions=[{"role": "actor\x1b[31m", "stage": "up\ndate", "since": time.time()}]
+    )
     shown = status_cmd(str(folder))
     assert shown.returncode == 0
     assert "live-rank1.json: not a regular file (a FIFO)" in shown.stderr

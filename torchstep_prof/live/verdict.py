@@ -21,6 +21,7 @@ STALE_S = 10.0
 """A running rank's status older than this (and than 5 of its polls) is stale: its process
 died, or its status thread cannot run."""
 RANKS_SHOWN = 8  # ranks named in one verdict line; more are counted
+_MAX_WORLD = 1 << 20  # a larger world size in a status is not believed (no missing ranks listed)
 
 
 @attrs.frozen(kw_only=True)
@@ -176,9 +177,11 @@ def _missing(views: Sequence[RankView]) -> list[str]:
     if len(sizes) != 1:
         return []
     (size,) = sizes
+    if size > _MAX_WORLD:  # anyone who can write the folder writes the world size too
+        return []
     seen = {v.status.rank for v in views}
     absent = [r for r in range(size) if r not in seen]
-    if not absent or len(absent) > 10_000:
+    if not absent:
         return []
     shown = ", ".join(map(str, absent[:RANKS_SHOWN])) + (
         f" and {len(absent) - RANKS_SHOWN} more" if len(absent) > RANKS_SHOWN else ""
