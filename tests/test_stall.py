@@ -269,6 +269,11 @@ def test_ranks_in_different_collectives_are_named_as_a_mismatch(tmp_path):
         "the ranks are in different collectives (called in a different order?): rank 0 waits in all_reduce #5 (4"
     )
     assert "; rank 1 waits in broadcast #5 (4" in verdict[0]
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    write_status(huge, 0, world_size=2**62)  # a world size written by someone else: not walked
+    shown = status_cmd(str(huge), "--json")
+    assert json.loads(shown.stdout)["verdict"] == ["no rank waits in a collective; 1 running (step 7)"]
 
 
 def test_hostile_status_folders_hang_neither_the_job_nor_the_command(tmp_path):
