@@ -46,11 +46,12 @@ SCRIPTS = (
     "bench_run",
     "bench_on_demand",
     "bench_auto_trace",
+    "bench_stall",
     "bench_scale",
 )
 TIMEOUT_S = 150  # per script
 # bench_scale: 20,000 traces read twice; bench_run: two children under valgrind (2-3 minutes), then ~2 minutes of timing.
-TIMEOUTS_S = {"bench_scale": 600, "bench_run": 600}
+TIMEOUTS_S = {"bench_scale": 600, "bench_run": 600, "bench_stall": 600}
 SMOKE_TIMEOUT_S = 240  # per script under --smoke: each takes seconds to ~1 min on 2 busy cores (a hang fails)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dist_helpers import WORKERS, read_json, run_torchrun, worker_env
-from torchstep_prof.traces.names import parse_trace_name
+from torchstep_prof.naming import parse_trace_name
 
 pytest.importorskip("prometheus_client", reason="the [metrics] extra (prometheus_client) is not installed")
 

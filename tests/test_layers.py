@@ -33,7 +33,7 @@ LAYERS: Sequence[tuple[str, Sequence[str]]] = (
     ("selection", ("selection",)),
     ("recording", ("recording",)),
     ("writing", ("writing",)),
-    ("after a trace", ("hook", "summary", "region_metrics", "triggers", "slow_steps")),
+    ("after a trace", ("hook", "summary", "region_metrics", "triggers", "slow_steps", "live")),
     ("engine", ("engine", "process_exit")),
     ("training code's API", ("regions", "scopes", "slow_steps.scope")),
     ("entry points and analysis", ("zero_code", "integrations", "startup", "traces.analysis")),

@@ -38,6 +38,7 @@ _EXPORTS = {
     "ProfilingCosts": "summary.records",
     "ProfilingRecords": "summary.records",
     "ScheduleConfig": "config.model",
+    "StallConfig": "config.model",
     "TorchstepProfError": "errors",
     "TorchstepProfWarning": "errors",
     "TraceName": "naming",
@@ -65,6 +66,7 @@ _EXPORTS = {
     "ranks": "scopes",
     "records": "summary.records",
     "schedule": "scopes",
+    "stall": "scopes",
     "step": "regions",
     "to_dict": "config.converter",
 }
@@ -116,6 +118,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         OnDemandConfig,
         ProfilerConfig,
         ScheduleConfig,
+        StallConfig,
     )
     from .background import flush
     from .config.files import dump_config, load_config
@@ -135,6 +138,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .config.overrides import apply_overrides
     from .summary.records import HookRecord, ProfilingCosts, ProfilingRecords, TraceRecord, records
     from .regions import begin_step, end_step, profile_region, profiled, step
-    from .scopes import configure, contents, effective_config, metrics, on_demand, on_finish, ranks, schedule
+    from .scopes import configure, contents, effective_config, metrics, on_demand, on_finish, ranks, schedule, stall
     from .summary.exit_table import print_summary
     from .slow_steps.scope import auto_trace

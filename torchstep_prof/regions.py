@@ -21,6 +21,8 @@ from .selection import frames as _frames
 from .selection import open_blocks as _open_blocks
 from .selection import steps as _steps
 from .triggers import watcher as _watcher
+from .live import open_regions as _live_regions
+from .live import reporter as _live_reporter
 from ._wrapping import around_each_call
 from .region_metrics import recorder as _recorder
 from .recording.range_names import RANGE_NAMES as _RANGE_NAMES
@@ -87,6 +89,9 @@ _perf = _recorder._perf
 _record_step = _recorder.record_step
 _count = _steps.count  # the next number of (role, stage)'s counter
 _new_range: Callable[[str], Region] = new_range  # a torch range, not yet entered
+_LIVE = _live_reporter.LIVE  # its .reporter: None unless a scope opted in to live status
+_OpenIdle = _live_regions.OpenIdle  # live status on: a not-profiled region, shown while open
+_OpenRegion = _live_regions.OpenRegion  # live status on: any other region, shown while open
 
 
 class _Region:
@@ -200,9 +205,11 @@ def _screened(frame: Frame, role: str, stage: str, step: Optional[int]) -> Regio
                 inner = _IDLE_REGION  # the step block's cached no
             else:
                 inner = _decided(frame, role, stage, _step_of(frame, role, stage, step))
-    if frame.metrics is None:
-        return inner
-    return _Timed(role, stage) if inner is _IDLE_REGION else _TimedInner(role, stage, inner)
+    if frame.metrics is not None:
+        inner = _Timed(role, stage) if inner is _IDLE_REGION else _TimedInner(role, stage, inner)
+    if frame.live:  # live status (a stall section or an on-demand folder): shown while open
+        return _OpenIdle((role, stage, 0.0)) if inner is _IDLE_REGION else _OpenRegion(role, stage, inner)
+    return inner
 
 
 def _step_of(frame: Frame, role: str, stage: str, step: Optional[int]) -> int:
@@ -266,6 +273,8 @@ class step:
         work starts; its end is :meth:`_end`, whose engine part is ``Engine.step_exited``."""
         frame = current_frame()
         self._frame_token = None
+        if _LIVE.reporter is not None:  # live status: the status thread reads the step
+            _LIVE.reporter.at_step(self.number)
         watcher = _ON_DEMAND.watcher
         if watcher is not None:  # on-demand traces: a requested step profiles under its own frame
             planned = watcher.at_step(frame, self.number)

@@ -1,7 +1,7 @@
-"""Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, metrics, configure.
+"""Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, stall, metrics, configure.
 
 Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
-``on_demand()``, ``metrics()``, ``configure()``.
+``on_demand()``, ``stall()``, ``metrics()``, ``configure()``.
 
 Each scope pushes a frame (``selection/frames.py``) for its block and tells the engine it was entered
 (warm up) and exited (finish hooks, missed steps). Scopes are entered rarely, so they are
@@ -26,9 +26,11 @@ from .config.model import (
     OnDemandConfig,
     ProfilerConfig,
     ScheduleConfig,
+    StallConfig,
 )
 from .engine import ENGINE
 from .triggers import watcher as _watcher
+from .live import reporter as _live
 from .errors import ConfigError, Problem
 from .selection.frames import _STACK, current_frame, frame_for
 
@@ -42,6 +44,7 @@ __all__ = [
     "on_finish",
     "ranks",
     "schedule",
+    "stall",
 ]
 
 
@@ -115,6 +118,7 @@ def _pushed(fields: dict[str, Any] | ProfilerConfig) -> Iterator[ProfilerConfig]
             ENGINE.scope_exited(frame, parent)
         finally:
             _watcher.scope_left(frame, parent)  # the scope that opted in stops the poll thread
+            _live.scope_left(frame, parent)  # and the live status thread
 
 
 # The code's config at each depth, kept beside the frames so that the environment layer is
@@ -243,6 +247,40 @@ def on_demand(dir: Union[str, os.PathLike[str]], *, poll_s: float = 1.0) -> Scop
     except ConfigError as exc:  # on_demand.poll_s, as the config file names it
         raise exc.under("on_demand") from None
     return Scope({"on_demand": config})
+
+
+def stall(
+    dir: Union[str, os.PathLike[str], None] = None,
+    *,
+    after_s: Optional[float] = None,
+    factor: float = 10.0,
+    floor_s: float = 300.0,
+    poll_s: float = 1.0,
+    cmd: Union[str, Sequence[str], None] = None,
+    timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
+) -> Scope:
+    """Keep this rank's live status in ``dir`` while this scope lasts (``torchstep-prof status
+    DIR`` shows every rank), and report a stall: no new step for ``after_s`` seconds (unset:
+    ``factor`` times the slowest recent step, at least ``floor_s``) writes ``stall-rank<R>.txt``
+    once, warns and runs ``cmd`` (docs/stall.md). It never stops or slows the job.
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.stall("/shared/job7/status", after_s=600, cmd="page-oncall"):   # doctest: +SKIP
+    ...     train()
+    """
+    try:
+        config = StallConfig(
+            dir=dir,
+            after_s=after_s,
+            factor=factor,
+            floor_s=floor_s,
+            poll_s=poll_s,
+            cmd=list(cmd) if isinstance(cmd, (list, tuple)) else cmd,
+            timeout_s=timeout_s,
+        )
+    except ConfigError as exc:  # stall.after_s, as the config file names it
+        raise exc.under("stall") from None
+    return Scope({"stall": config})
 
 
 def metrics(

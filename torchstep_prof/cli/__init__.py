@@ -22,6 +22,7 @@ _SUBCOMMAND_MODULES = (
     "report_cmd",
     "run_cmd",
     "trigger_cmd",
+    "status_cmd",
     "diff_cmd",
     "alerts_cmd",
 )

@@ -52,6 +52,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="trace slow steps by themselves (auto_trace, docs/auto-trace.md; needs --on-demand DIR, turns metrics on)",
     )
     which.add_argument(
+        "--stall-after",
+        metavar="S",
+        type=_seconds("--stall-after"),
+        help="keep each rank's live status (`torchstep-prof status`) and report a rank with no new step "
+        "for S seconds (docs/stall.md; no --steps needed)",
+    )
+    which.add_argument(
         "--step-every",
         metavar="K",
         type=_int("--step-every"),
@@ -110,6 +117,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("target", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(func=run, run_parser=parser)
+
+
+def _seconds(option: str) -> Any:
+    def parse(text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option}: {text!r} is not a number of seconds") from None
+
+    return parse
 
 
 def _int(option: str) -> Any:
@@ -182,6 +199,8 @@ def build_config(args: argparse.Namespace) -> Any:
         chosen.append(field("finish_hook.cmd", args.on_finish))
     if getattr(args, "on_demand", None) is not None:
         chosen.append(field("on_demand.dir", args.on_demand))
+    if getattr(args, "stall_after", None) is not None:
+        chosen.append(field("stall.after_s", args.stall_after))
     if args.metrics_port is not None:
         chosen.append(field("metrics.port", args.metrics_port))
     if getattr(args, "auto_trace", False):
@@ -242,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         parser.error(str(exc))
     if effective.enable and effective.auto_trace is not None and effective.on_demand is None:
         parser.error("--auto-trace (auto_trace) needs --on-demand DIR: its peers and its budget are kept there")
-    if effective.enable and effective.schedule is None and effective.on_demand is None:
+    if effective.enable and effective.schedule is None and effective.on_demand is None and effective.stall is None:
         if environment.config is not None:
             # The environment's file replaces the whole configuration, this command line's too.
             parser.error(
@@ -252,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
             )
         parser.error(
             "no step is selected: pass --steps LIST (or --wait/--warmup/--active/--repeat), "
-            "a --config file with a schedule, --set schedule.steps=[...], or --on-demand DIR"
+            "a --config file with a schedule, --set schedule.steps=[...], --on-demand DIR or --stall-after S"
         )
     steps = effective.schedule.steps if effective.enable and effective.schedule is not None else None
     if steps and 0 in steps:

@@ -6,13 +6,22 @@ from typing import Any, Mapping, Optional
 
 import attrs
 
-from .model import AutoTraceConfig, FinishHookConfig, MetricsConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
+from .model import (
+    AutoTraceConfig,
+    FinishHookConfig,
+    MetricsConfig,
+    OnDemandConfig,
+    ProfilerConfig,
+    ScheduleConfig,
+    StallConfig,
+)
 from ..errors import ConfigError, Problem
 
 _FIELD_NAMES = tuple(a.name for a in attrs.fields(ProfilerConfig))
 _SECTIONS = {
     "schedule": ScheduleConfig, "finish_hook": FinishHookConfig, "on_demand": OnDemandConfig, "metrics": MetricsConfig,
     "auto_trace": AutoTraceConfig,
+    "stall": StallConfig,
 }  # fmt: skip
 
 

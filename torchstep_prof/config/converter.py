@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 import attrs
 
-from .model import AutoTraceConfig, FinishHookConfig, MetricsConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
+from .model import (
+    AutoTraceConfig,
+    FinishHookConfig,
+    MetricsConfig,
+    OnDemandConfig,
+    ProfilerConfig,
+    ScheduleConfig,
+    StallConfig,
+)
 from ..errors import ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -33,7 +41,15 @@ __all__ = ["from_dict", "schema", "suggest", "to_dict"]
 
 C = TypeVar("C", bound=attrs.AttrsInstance)  # the config classes: attrs classes
 
-_CONFIG_CLASSES = (ProfilerConfig, ScheduleConfig, FinishHookConfig, OnDemandConfig, MetricsConfig, AutoTraceConfig)
+_CONFIG_CLASSES = (
+    ProfilerConfig,
+    ScheduleConfig,
+    FinishHookConfig,
+    OnDemandConfig,
+    MetricsConfig,
+    AutoTraceConfig,
+    StallConfig,
+)
 
 # A required field that is missing still gets a stand-in value, so that the class's validators
 # can report the *other* fields' problems in the same error ("every problem at once").

@@ -17,7 +17,7 @@ from ..errors import ConfigError, Problem
 
 __all__ = [
     "CONTENT_NAMES", "AutoTraceConfig", "FinishHookConfig", "MetricsConfig", "OnDemandConfig", "ProfilerConfig",
-    "ScheduleConfig",
+    "ScheduleConfig", "StallConfig",
 ]  # fmt: skip
 
 CONTENT_NAMES: tuple[str, ...] = (
@@ -468,6 +468,53 @@ class AutoTraceConfig:
         )
 
 
+# --- stall: live status and the stall detector (docs/stall.md) ----------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class StallConfig:
+    """Keep this rank's live status in ``dir`` (``torchstep-prof status DIR``) and call a step
+    stalled after ``after_s`` seconds without progress (unset: ``factor`` times the slowest recent
+    step, at least ``floor_s``); a stalled rank writes ``stall-rank<R>.txt`` once, warns and runs
+    ``cmd`` (at most ``timeout_s`` seconds, as a finish hook). ``dir`` unset: the ``on_demand``
+    folder, else ``<save_path>/status``.
+
+    >>> StallConfig(after_s=600, cmd="page-oncall").after_s
+    600
+    """
+
+    dir: Optional[str] = attrs.field(default=None, converter=_path_text)
+    after_s: Optional[float] = None
+    factor: float = 10.0
+    floor_s: float = 300.0
+    poll_s: float = 1.0
+    cmd: Optional[Union[str, Tuple[str, ...]]] = attrs.field(default=None, converter=_command)
+    timeout_s: float = DEFAULT_HOOK_TIMEOUT_S
+
+    def __attrs_post_init__(self) -> None:
+        problems = _validate(
+            self,
+            {
+                "dir": _optional(_save_path),
+                "after_s": _optional(_seconds(allow_zero=False)),
+                "factor": _stall_factor,
+                "floor_s": _seconds(allow_zero=False),
+                "poll_s": _poll_seconds,
+                "timeout_s": _hook_timeout,
+            },
+        )
+        if self.cmd is not None:
+            problems += _check_command(self.cmd)
+        _raise_if(problems)
+
+
+def _stall_factor(key: str, value: Any) -> list[Problem]:
+    problems = _seconds(allow_zero=False)(key, value)
+    if problems or value < 1:
+        return [Problem(key, f"must be a number >= 1, times the slowest recent step (got {value!r})")]
+    return []
+
+
 def _check_contents(key: str, value: Any) -> list[Problem]:
     if not isinstance(value, tuple):
         return [Problem(key, f"must be a list of names from {', '.join(CONTENT_NAMES)} (got {value!r})")]
@@ -508,6 +555,7 @@ class ProfilerConfig:
     on_demand: Optional[OnDemandConfig] = None
     metrics: Optional[MetricsConfig] = None
     auto_trace: Optional[AutoTraceConfig] = None
+    stall: Optional[StallConfig] = None
 
     def __attrs_post_init__(self) -> None:
         problems = _validate(
@@ -530,6 +578,7 @@ class ProfilerConfig:
             ("on_demand", OnDemandConfig),
             ("metrics", MetricsConfig),
             ("auto_trace", AutoTraceConfig),
+            ("stall", StallConfig),
         ):
             value = getattr(self, name)
             if value is not None and not isinstance(value, cls):

@@ -193,10 +193,12 @@ class ProfilerSlot:
                 and current is not None
                 and session.owner_task is None
                 and frame.metrics is None
+                and not frame.live
                 and not session.nvtx
             ):
                 # Regions nested here, in this thread (outside asyncio), need no counter and no
-                # checks (a timed region is never a bare range, nor one with an NVTX range).
+                # checks (a timed region is never a bare range, nor one with an NVTX range, nor
+                # one the live status lists).
                 NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
         if held.noted:
             # A Ctrl-C came while torch started: the block will not run, and its caller does

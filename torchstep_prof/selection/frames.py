@@ -44,7 +44,7 @@ _ON_DEMAND_FRAMES: list[Callable[[Frame], None]] = []
 
 
 def when_a_frame_opts_in(callback: Callable[[Frame], None]) -> None:
-    """Call ``callback(frame)`` for each frame made with an ``on_demand`` section."""
+    """Call ``callback(frame)`` for each frame made with an ``on_demand`` or ``stall`` section."""
     _ON_DEMAND_FRAMES.append(callback)
 
 
@@ -140,7 +140,7 @@ class Frame:
 
     __slots__ = (
         "config", "idle", "disabled", "hook_scope", "plan", "cached_no", "rank_no", "schedule_scope",
-        "rank_group", "rank_ok", "label_checks", "metrics", "quiet", "screened",
+        "rank_group", "rank_ok", "label_checks", "metrics", "quiet", "screened", "live",
     )  # fmt: skip
 
     def __init__(self, config: ProfilerConfig, hook_scope: Optional[HookScope]) -> None:
@@ -155,8 +155,10 @@ class Frame:
         # is screened, as the unresolved root frame is: regions take the path that checks both.
         metrics = config.metrics
         self.metrics = metrics if metrics is not None and metrics.enable else None
-        self.quiet = self.idle and self.metrics is None
-        self.screened = self.metrics is not None
+        # Live status on (live/open_regions.py): every region is shown while open, so none is quiet.
+        self.live = not self.disabled and (config.stall is not None or config.on_demand is not None)
+        self.quiet = self.idle and self.metrics is None and not self.live
+        self.screened = self.metrics is not None or self.live
         self.hook_scope = hook_scope
         schedule = config.schedule
         self.plan: SchedulePlan = _NO_PLAN
@@ -312,7 +314,7 @@ def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: b
     from .missed_steps import ScheduleScope
 
     frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)
-    if config.on_demand is not None or config.auto_trace is not None:
+    if config.on_demand is not None or config.auto_trace is not None or config.stall is not None:
         for opted_in in _ON_DEMAND_FRAMES:
             opted_in(frame)
     return frame

@@ -72,6 +72,7 @@ class Watcher:
         self._served_ids: set[str] = set()
         self._request_seen: Any = None  # (inode, mtime, size) of the request file last read
         self._warned: set[str] = set()
+        self.riders: list[Any] = []  # called at each poll: the live status (live/reporter.py) rides here
         self._pid, self._host = os.getpid(), socket.gethostname()
         self._thread = threading.Thread(target=self._run, name="torchstep_prof-on-demand", daemon=True)
 
@@ -203,6 +204,8 @@ class Watcher:
         if self.plan is None:  # one request at a time: a newer one is read once this one is over
             self._read_request()
         self._write_status()
+        for rider in list(self.riders):
+            rider()
 
     def _read_request(self) -> None:
         path = os.path.join(self.folder, REQUEST_FILE)

@@ -27,6 +27,7 @@ from torch.nn.modules import module as _module_hooks
 
 from ..errors import TorchstepProfWarning, warn
 from ..triggers.watcher import ON_DEMAND as _ON_DEMAND
+from ..live.reporter import LIVE as _LIVE
 from ..region_metrics import recorder as _recorder
 from ..summary.records import STORE
 from ..regions import profile_region, step
@@ -196,6 +197,8 @@ class StepDriver:
             if self._open_step is None:  # no step block times this step
                 _recorder.record_step(now - self._step_t0, ended)
             self._step_t0 = now
+        if _LIVE.reporter is not None:  # live status: the status thread reads the step
+            _LIVE.reporter.at_step(ended + 1)
         watcher = _ON_DEMAND.watcher  # on-demand traces: the watcher notes the step (its status)
         requested = watcher is not None and (watcher.wants(ended + 1) or self._requested(ended + 2))
         if self._open_step is None and self._pending is None and not self._watch.installed and not requested:

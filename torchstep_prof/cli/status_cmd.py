@@ -1,0 +1,116 @@
+"""``torchstep-prof status``: where each rank of a running job is, with a verdict first.
+
+    torchstep-prof status /shared/job7/status            # the verdict, then one line per rank
+    torchstep-prof status /shared/job7/status --stacks   # each rank's Python stack too
+    torchstep-prof status /shared/job7/status --json     # for scripts
+
+Reads the ``live-rank*.json`` files the job's ranks write (a ``stall`` section or an
+``on_demand`` folder: docs/stall.md). Exit codes: 0 shown, 1 DIR does not exist or holds no
+live status, 2 a usage error. The command never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+__all__ = ["register", "status"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``status`` subcommand."""
+    parser = subparsers.add_parser(
+        "status",
+        help="where each rank of a running job is (step, region, collective), the rank holding the others first",
+        description="Show the live status the ranks of a job write into DIR (its stall.dir or on_demand.dir).",
+    )
+    parser.add_argument("dir", metavar="DIR", help="the job's status folder (stall.dir, or its on_demand.dir)")
+    parser.add_argument("--stacks", action="store_true", help="each rank's Python stack of its training thread")
+    parser.add_argument("--json", action="store_true", help="print JSON: the verdict and every rank")
+    parser.set_defaults(func=status)
+
+
+def status(args: argparse.Namespace) -> int:
+    from ..live.status import read_lives
+    from ..live.verdict import as_json, verdict, view
+    from ..rendering import safe_text
+
+    folder = os.path.abspath(args.dir)
+    if not os.path.isdir(folder):
+        print(
+            safe_text(f"torchstep-prof status: {folder} does not exist (no job keeps its status there)"),
+            file=sys.stderr,
+        )
+        return 1
+    statuses, bad = read_lives(folder)
+    now = time.time()
+    views = view(statuses, now)
+    lines = verdict(views, now)
+    if args.json:
+        data: dict[str, Any] = {
+            "folder": folder, "time": now, "verdict": lines, "ranks": as_json(views, now, args.stacks),
+            "unreadable": bad,
+        }  # fmt: skip
+        print(json.dumps(data, indent=1))
+        return 0 if statuses else 1
+    for line in bad:
+        print(safe_text(f"torchstep-prof status: {line}"), file=sys.stderr)
+    if not statuses:
+        print(
+            safe_text(f"torchstep-prof status: {folder}: no rank keeps its live status here (no live-rank*.json)"),
+            file=sys.stderr,
+        )
+        return 1
+    for line in lines:
+        print(_cut(line, 400))
+    print()
+    _table(views, now)
+    if args.stacks:
+        _stacks(views)
+    return 0
+
+
+def _cut(text: Any, limit: int) -> str:
+    """Text from a shared folder as printed: control characters escaped, at most ``limit`` long.
+    The one place this command prints such text."""
+    from ..rendering import safe_text
+
+    shown = safe_text(text)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def _table(views: list[Any], now: float) -> None:
+    rows = [("rank", "state", "step", "region (innermost)", "in it", "collective", "where")]
+    for v in views:
+        s = v.status
+        region = s.regions[-1] if s.regions else None
+        rows.append(
+            (
+                _cut(s.name, 40), v.state + (f" ({v.age_s:.0f} s ago)" if v.state == "stale" else ""),
+                "-" if s.step is None else str(s.step),
+                _cut(f"{region.role}/{region.stage}", 60) if region else "-",
+                f"{max(0.0, now - region.since):.1f} s" if region else "-",
+                _cut(v.collective_text(), 40) if s.collective else "-",
+                _cut(s.where or "-", 120),
+            )
+        )  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+
+
+def _stacks(views: list[Any]) -> None:
+    for v in views:
+        s = v.status
+        print()
+        print(_cut(f"{s.name}, pid {s.pid} on {s.host}: the training thread's stack (most recent call last)", 400))
+        if not s.stack:
+            print("  (none recorded)")
+        for frame in s.stack:
+            print(_cut(f'  File "{frame["file"]}", line {frame["line"]}, in {frame["function"]}', 400))
+            if frame["code"]:
+                print(_cut(f"    {frame['code']}", 400))
