@@ -37,6 +37,7 @@ _EXPORTS = {
     "ProfilingCosts": "summary.records",
     "ProfilingRecords": "summary.records",
     "ScheduleConfig": "config.model",
+    "SpansConfig": "config.model",
     "TorchstepProfError": "errors",
     "TorchstepProfWarning": "errors",
     "TraceName": "traces.names",
@@ -45,6 +46,7 @@ _EXPORTS = {
     "apply_overrides": "config.overrides",
     "begin_step": "regions",
     "build_trace_name": "traces.names",
+    "clock_anchor": "timeline.span_log",
     "configure": "scopes",
     "contents": "scopes",
     "dump_config": "config.files",
@@ -63,6 +65,7 @@ _EXPORTS = {
     "ranks": "scopes",
     "records": "summary.records",
     "schedule": "scopes",
+    "spans": "scopes",
     "step": "regions",
     "to_dict": "config.converter",
 }
@@ -113,6 +116,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         OnDemandConfig,
         ProfilerConfig,
         ScheduleConfig,
+        SpansConfig,
     )
     from .background import flush
     from .config.files import dump_config, load_config
@@ -134,3 +138,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .regions import begin_step, end_step, profile_region, profiled, step
     from .scopes import configure, contents, effective_config, metrics, on_demand, on_finish, ranks, schedule
     from .summary.exit_table import print_summary
+    from .scopes import spans
+    from .timeline.span_log import clock_anchor

@@ -1,4 +1,4 @@
-"""Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, metrics, configure.
+"""Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, metrics, spans, configure.
 
 Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
 ``on_demand()``, ``metrics()``, ``configure()``.
@@ -26,6 +26,7 @@ from .config.model import (
     OnDemandConfig,
     ProfilerConfig,
     ScheduleConfig,
+    SpansConfig,
 )
 from .engine import ENGINE
 from .triggers import watcher as _watcher
@@ -41,6 +42,7 @@ __all__ = [
     "on_finish",
     "ranks",
     "schedule",
+    "spans",
 ]
 
 
@@ -264,6 +266,25 @@ def metrics(
     except ConfigError as exc:  # metrics.port, as the config file names it
         raise exc.under("metrics") from None
     return _Scope({"metrics": config})
+
+
+def spans(
+    dir: Union[str, os.PathLike[str]], *, enable: bool = True
+) -> contextlib.AbstractContextManager[ProfilerConfig]:
+    """Log every region's and step's start and end, profiled or not, to one small file per
+    process in ``dir`` (appended twice a second, off the training thread), for
+    ``torchstep-prof timeline DIR`` (docs/timeline.md).
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.spans("/shared/job7/spans"):      # doctest: +SKIP
+    ...     with tsp.step(1), tsp.profile_region("actor", "update"):
+    ...         pass
+    """
+    try:
+        config = SpansConfig(dir=dir, enable=enable)  # type: ignore[arg-type]
+    except ConfigError as exc:  # spans.dir, as the config file names it
+        raise exc.under("spans") from None
+    return _Scope({"spans": config})
 
 
 def configure(

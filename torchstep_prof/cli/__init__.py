@@ -23,6 +23,7 @@ _SUBCOMMAND_MODULES = (
     "run_cmd",
     "trigger_cmd",
     "diff_cmd",
+    "timeline_cmd",
 )
 
 

@@ -86,6 +86,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=_int("--metrics-port"),
         help="serve region and step metrics for Prometheus on PORT + LOCAL_RANK (metrics.port)",
     )
+    out.add_argument(
+        "--spans",
+        metavar="DIR",
+        help="log every step's regions to DIR for `torchstep-prof timeline DIR` (spans.dir; no --steps needed)",
+    )
     conf = parser.add_argument_group("configuration")
     conf.add_argument("--config", metavar="FILE", help="a config file (.yaml, .json, .toml) to start from")
     conf.add_argument(
@@ -179,6 +184,8 @@ def build_config(args: argparse.Namespace) -> Any:
         chosen.append(field("on_demand.dir", args.on_demand))
     if args.metrics_port is not None:
         chosen.append(field("metrics.port", args.metrics_port))
+    if getattr(args, "spans", None) is not None:
+        chosen.append(field("spans.dir", args.spans))
     return apply_overrides(base, [*chosen, *args.overrides])
 
 
@@ -231,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         regions = [parse_region(text) for text in args.region]
     except ValueError as exc:
         parser.error(str(exc))
-    if effective.enable and effective.schedule is None and effective.on_demand is None:
+    if effective.enable and effective.schedule is None and effective.on_demand is None and effective.spans is None:
         if environment.config is not None:
             # The environment's file replaces the whole configuration, this command line's too.
             parser.error(
@@ -241,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
             )
         parser.error(
             "no step is selected: pass --steps LIST (or --wait/--warmup/--active/--repeat), "
-            "a --config file with a schedule, --set schedule.steps=[...], or --on-demand DIR"
+            "a --config file with a schedule, --set schedule.steps=[...], --on-demand DIR or --spans DIR"
         )
     steps = effective.schedule.steps if effective.enable and effective.schedule is not None else None
     if steps and 0 in steps:

@@ -6,12 +6,13 @@ from typing import Any, Mapping, Optional
 
 import attrs
 
-from .model import FinishHookConfig, MetricsConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
+from .model import FinishHookConfig, MetricsConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig, SpansConfig
 from ..errors import ConfigError, Problem
 
 _FIELD_NAMES = tuple(a.name for a in attrs.fields(ProfilerConfig))
 _SECTIONS = {
     "schedule": ScheduleConfig, "finish_hook": FinishHookConfig, "on_demand": OnDemandConfig, "metrics": MetricsConfig,
+    "spans": SpansConfig,
 }  # fmt: skip
 
 

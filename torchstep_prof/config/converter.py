@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 import attrs
 
-from .model import FinishHookConfig, MetricsConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig
+from .model import FinishHookConfig, MetricsConfig, OnDemandConfig, ProfilerConfig, ScheduleConfig, SpansConfig
 from ..errors import ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -33,11 +33,15 @@ __all__ = ["from_dict", "schema", "suggest", "to_dict"]
 
 C = TypeVar("C", bound=attrs.AttrsInstance)  # the config classes: attrs classes
 
-_CONFIG_CLASSES = (ProfilerConfig, ScheduleConfig, FinishHookConfig, OnDemandConfig, MetricsConfig)
+_CONFIG_CLASSES = (ProfilerConfig, ScheduleConfig, FinishHookConfig, OnDemandConfig, MetricsConfig, SpansConfig)
 
 # A required field that is missing still gets a stand-in value, so that the class's validators
 # can report the *other* fields' problems in the same error ("every problem at once").
-_STAND_INS: dict[tuple[type, str], Any] = {(FinishHookConfig, "cmd"): "true", (OnDemandConfig, "dir"): "."}
+_STAND_INS: dict[tuple[type, str], Any] = {
+    (FinishHookConfig, "cmd"): "true",
+    (OnDemandConfig, "dir"): ".",
+    (SpansConfig, "dir"): ".",
+}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

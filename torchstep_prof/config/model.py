@@ -15,7 +15,15 @@ import attrs
 
 from ..errors import ConfigError, Problem
 
-__all__ = ["CONTENT_NAMES", "FinishHookConfig", "MetricsConfig", "OnDemandConfig", "ProfilerConfig", "ScheduleConfig"]
+__all__ = [
+    "CONTENT_NAMES",
+    "FinishHookConfig",
+    "MetricsConfig",
+    "OnDemandConfig",
+    "ProfilerConfig",
+    "ScheduleConfig",
+    "SpansConfig",
+]
 
 CONTENT_NAMES: tuple[str, ...] = (
     "cpu",
@@ -388,6 +396,22 @@ class MetricsConfig:
         _raise_if(_validate(self, {"enable": _bool, "port": _port, "addr": _address, "buckets": _buckets}))
 
 
+@attrs.frozen(kw_only=True)
+class SpansConfig:
+    """The span log (see ``tsp.spans``): every region and step block, profiled or not, appends
+    its start and end to one small file per process in ``dir``, read by ``torchstep-prof timeline``.
+
+    >>> SpansConfig(dir="/shared/job7/spans").enable
+    True
+    """
+
+    dir: str = attrs.field(converter=_path_text)
+    enable: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        _raise_if(_validate(self, {"dir": _save_path, "enable": _bool}))
+
+
 def _check_contents(key: str, value: Any) -> list[Problem]:
     if not isinstance(value, tuple):
         return [Problem(key, f"must be a list of names from {', '.join(CONTENT_NAMES)} (got {value!r})")]
@@ -427,6 +451,7 @@ class ProfilerConfig:
     finish_hook: Optional[FinishHookConfig] = None
     on_demand: Optional[OnDemandConfig] = None
     metrics: Optional[MetricsConfig] = None
+    spans: Optional[SpansConfig] = None
 
     def __attrs_post_init__(self) -> None:
         problems = _validate(
@@ -448,6 +473,7 @@ class ProfilerConfig:
             ("finish_hook", FinishHookConfig),
             ("on_demand", OnDemandConfig),
             ("metrics", MetricsConfig),
+            ("spans", SpansConfig),
         ):
             value = getattr(self, name)
             if value is not None and not isinstance(value, cls):

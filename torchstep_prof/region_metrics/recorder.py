@@ -74,6 +74,7 @@ def set_bounds(bounds: tuple[float, ...]) -> bool:
         if BOUNDS:
             return list(bounds) == BOUNDS
         BOUNDS[:] = [float(b) for b in bounds]
+        _choose_exit()  # spans on already: regions now also time the metrics
         if not _folding:
             _folding.append(threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True))
             _folding[0].start()
@@ -84,6 +85,7 @@ def forget() -> None:
     """Drop every time recorded and the buckets (tests that start metrics afresh in-process)."""
     with _STORES_LOCK:
         BOUNDS.clear()
+        _choose_exit()
         _FOLDED.clear()
         _ADMITTED.clear()
         _SERIES.clear()
@@ -203,12 +205,93 @@ class TimedInner:
         return self.inner.__exit__(exc_type, exc, tb)
 
 
-def record_step(seconds: float) -> None:
+def record_step(seconds: float, number: Optional[int] = None) -> None:
     """A step block lasted ``seconds`` (its end calls this, in whichever thread ends it)."""
+    if _SPANS_ON:
+        end = _perf()
+        _spans_here().extend((None, number, end - seconds, end))
+        if not BOUNDS:  # spans alone: nobody folds the metrics' lists
+            return
     try:
         _LOCAL.cells[STEP_KEY][STEP_KEY].append(seconds)
     except (AttributeError, KeyError):
         _cell(STEP_KEY, STEP_KEY).append(seconds)
+
+
+# --- the span log's hand-off (timeline/span_log.py) ----------------------------------------
+# With spans on, a timed region's exit appends (role, stage, start, end) to its thread's span
+# list instead of (or, metrics on too, as well as) its duration: one append, as metrics cost.
+# Step blocks append (None, number, start, end); clock anchors (ANCHOR, "name\\0seq", start, end).
+# The span log's thread takes them as the folding thread takes durations: the first n, then
+# exactly those deleted. The exit is swapped on the class once (decide once): a process without
+# spans runs the exit above, untouched.
+
+ANCHOR = "\x00anchor"  # the first item of an anchor's tuple: never a label (labels are checked text)
+_SPANS_ON: list[bool] = []  # not empty while spans are on in this process
+_SPAN_LISTS: list[tuple[threading.Thread, list[Any]]] = []  # each thread's (role, stage, start, end, ...)
+_TIMED_EXIT = TimedRegion.__exit__
+
+
+def _spans_here() -> list[Any]:
+    try:
+        return _LOCAL.spans  # type: ignore[no-any-return]
+    except AttributeError:
+        spans: list[Any] = []
+        with _STORES_LOCK:
+            _SPAN_LISTS.append((threading.current_thread(), spans))
+        _LOCAL.spans = spans
+        return spans
+
+
+def _span_exit(self: TimedRegion, exc_type: Any, exc: Any, tb: Any) -> None:
+    end = _perf()
+    # One flat list, four items a span: a tuple kept per span would be a container the garbage
+    # collector tracks (a million of them between two writes make every collection slow).
+    try:
+        _LOCAL.spans.extend((self.role, self.stage, self.t0, end))
+    except AttributeError:  # this thread's first span
+        _spans_here().extend((self.role, self.stage, self.t0, end))
+
+
+def _span_and_metrics_exit(self: TimedRegion, exc_type: Any, exc: Any, tb: Any) -> None:
+    _span_exit(self, exc_type, exc, tb)
+    _TIMED_EXIT(self, exc_type, exc, tb)
+
+
+def _choose_exit() -> None:
+    # ignore: the class's exit replaced on purpose, once per change (see above).
+    TimedRegion.__exit__ = (  # type: ignore[method-assign]
+        _TIMED_EXIT if not _SPANS_ON else _span_and_metrics_exit if BOUNDS else _span_exit
+    )
+
+
+def spans_on(on: bool = True) -> None:
+    """Record spans from now on (``on``), or stop (the span log starts and stops them)."""
+    with _STORES_LOCK:
+        _SPANS_ON[:] = [True] if on else []
+        _choose_exit()
+
+
+def record_anchor(name: str, seq: int, start: float, end: float) -> None:
+    """A clock anchor (``tsp.clock_anchor``) was entered at ``start`` and left at ``end``."""
+    if _SPANS_ON:
+        _spans_here().extend((ANCHOR, f"{name}\x00{seq}", start, end))
+
+
+def take_spans() -> list[tuple[threading.Thread, list[Any]]]:
+    """Every thread's spans recorded since the last call (the span log's thread only), each
+    thread's as one flat list: role, stage, start, end, role, stage, ..."""
+    taken = []
+    with _STORES_LOCK:
+        lists = list(_SPAN_LISTS)
+        _SPAN_LISTS[:] = [(t, spans) for t, spans in lists if t.is_alive() or spans]
+    for thread, spans in lists:
+        n = len(spans)  # a multiple of 4: list.extend of a tuple is atomic
+        if n:
+            batch = spans[:n]
+            del spans[:n]  # exactly those: one appended meanwhile stays for next time
+            taken.append((thread, batch))
+    return taken
 
 
 def _fold() -> None:
@@ -263,6 +346,10 @@ def _after_fork_in_child() -> None:
             for cell in stages.values():
                 cell.clear()
     _STORES[:] = kept
+    _SPAN_LISTS.clear()  # a forked child (a DataLoader worker) records no spans
+    _LOCAL.__dict__.pop("spans", None)
+    _SPANS_ON.clear()
+    _choose_exit()
     _folding.clear()
     if BOUNDS:
         _folding.append(threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True))

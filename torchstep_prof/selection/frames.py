@@ -144,7 +144,10 @@ class Frame:
         # returns at once only when the frame is idle and untimed (quiet); a timed frame is
         # screened, as the root frame is: regions check both only past the quiet test.
         metrics = config.metrics
-        self.metrics = metrics if metrics is not None and metrics.enable else None
+        self.metrics: Any = metrics if metrics is not None and metrics.enable else None
+        spans = config.spans  # spans on (timeline/span_log.py): regions are timed for their spans
+        if self.metrics is None and spans is not None and spans.enable:
+            self.metrics = spans
         self.quiet = self.idle and self.metrics is None
         self.screened = self.metrics is not None
         self.hook_scope = hook_scope
@@ -299,10 +302,14 @@ def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: b
     else:
         hook_scope = parent_hook
     frame = Frame(config, hook_scope)
-    if frame.metrics is not None:  # the process's one endpoint starts with the first such frame
-        from ..region_metrics.endpoint import serve
+    if frame.metrics is config.metrics and config.metrics is not None:  # the process's one endpoint
+        from ..region_metrics.endpoint import serve  # starts with the first such frame
 
         serve(config)
+    if config.spans is not None and config.spans.enable:  # likewise its one span log
+        from ..timeline.span_log import start_span_log
+
+        start_span_log(config.spans.dir, config.process_role)
     from .missed_steps import ScheduleScope
 
     frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)
