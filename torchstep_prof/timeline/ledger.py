@@ -186,7 +186,7 @@ def _infos(procs: Sequence[ProcessSpans], clock: ClockEstimate) -> list[ProcessI
         total: dict[str, float] = {}
         for s in p.spans:
             total[s.role] = total.get(s.role, 0.0) + (s.end - s.start)
-        roles.append("+".join(sorted(total, key=lambda r: -total[r])[:3]) or "?")
+        roles.append("+".join(sorted(total)[:4]) or "?")  # colocated roles: one name whatever their times
     hosts = {p.host for p in procs}
     names = []
     for i, p in enumerate(procs):
@@ -422,7 +422,9 @@ def _critical_path(
         p = current.p
         gap = next((g for g in gaps_of.get(p, ()) if abs(g[1] - current.start) < 1e-9), None)
         before: Optional[_Item] = None
-        if gap is not None and gap[2] is not None and gap[2].end < current.end:
+        # A gap too short to be a wait (back-to-back regions, or within the clock's error) is
+        # not followed: the region before it on the same process is the predecessor.
+        if gap is not None and gap[2] is not None and gap[2].end < current.end and gap[1] - gap[0] >= MIN_GAP_S:
             before = gap[2]
         else:
             k = bisect.bisect_right(own_ends[p], current.start + 1e-9) - 1
