@@ -34,7 +34,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..rendering import safe_text
     from ..timeline.ledger import build_ledger
     from ..timeline.reading import read_span_folder
-    from ..timeline.rendering import ledger_lines, ledger_to_dict
+    from ..timeline.output import ledger_lines, ledger_to_dict
 
     folder = args.directory
     if not os.path.isdir(folder):

@@ -3,6 +3,6 @@
 ``span_log`` is the writing side (started by ``tsp.spans``); ``reading`` reads span files back
 without trusting them, ``clock`` aligns the processes' clocks from their anchors, ``ledger``
 builds each step's record (busy and idle time, what each gap waited for, the critical path, the
-long tail) and ``rendering`` prints it. Only ``span_log`` runs in training processes; none of
+long tail) and ``output`` prints it. Only ``span_log`` runs in training processes; none of
 them imports torch.
 """
