@@ -46,6 +46,7 @@ SCRIPTS = (
     "bench_run",
     "bench_on_demand",
     "bench_scale",
+    "bench_timeline",
 )
 TIMEOUT_S = 150  # per script
 # bench_scale: 20,000 traces read twice; bench_run: two children under valgrind (2-3 minutes), then ~2 minutes of timing.

@@ -108,6 +108,7 @@ class RoleIdle:
     role: str
     processes: int
     idle_s: float  # mean over the role's processes
+    waiting_s: float  # the part of it before the role's last region (not waiting for the step's end)
     share: float  # of the step's window
     waited_for: Optional[str]  # the region its gaps waited for longest
     within_clock_error: bool
@@ -313,7 +314,8 @@ def _step(
         """The region of another process that ended last before ``g1`` (within the two's bound)."""
         reach = max((clock.pair_bound(p, q) for q in per_process if q != p), default=0.0)
         k = bisect.bisect_right(end_times, g1 + (reach if math.isfinite(reach) else 0.0))
-        for x in reversed(ends[:k]):
+        for index in range(k - 1, -1, -1):
+            x = ends[index]
             if x.p == p:
                 continue
             tol = clock.pair_bound(p, x.p)
@@ -324,7 +326,7 @@ def _step(
         return None
 
     rows: list[ProcessStep] = []
-    gaps_of: dict[int, list[tuple[float, float, Optional[_Item]]]] = {}
+    gaps_of: dict[int, list[tuple[float, float, Optional[_Item], bool]]] = {}
     for p in sorted(per_process, key=lambda q: infos[q].name):
         mine = per_process[p]
         busy_by: dict[str, float] = {}
@@ -348,7 +350,7 @@ def _step(
             if at_end:
                 error += clock.pair_bound(p, edge_p["end"]) if edge_p["end"] >= 0 else 0.0
             cause = None if at_end else waited_for(p, g0, g1)
-            found.append((g0, g1, cause))
+            found.append((g0, g1, cause, at_end))
             if g1 - g0 >= MIN_GAP_S:
                 listed.append(
                     Gap(
@@ -404,7 +406,7 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def _critical_path(
     items: list[_Item],
     w0: float,
-    gaps_of: dict[int, list[tuple[float, float, Optional[_Item]]]],
+    gaps_of: dict[int, list[tuple[float, float, Optional[_Item], bool]]],
     infos: list[ProcessInfo],
 ) -> tuple[PathEntry, ...]:
     """Back from the region that ended the step: each region's predecessor is what the gap
@@ -474,7 +476,7 @@ def _long_tails(items: list[_Item], infos: list[ProcessInfo], clock: ClockEstima
 
 def _role_idle(
     rows: list[ProcessStep],
-    gaps_of: dict[int, list[tuple[float, float, Optional[_Item]]]],
+    gaps_of: dict[int, list[tuple[float, float, Optional[_Item], bool]]],
     infos: list[ProcessInfo],
     per_process: dict[int, list[_Item]],
     window: float,
@@ -483,10 +485,14 @@ def _role_idle(
     for row in rows:
         by_role.setdefault(row.role, []).append(row)
     waited: dict[str, dict[str, float]] = {}
+    waiting: dict[str, float] = {}
     for p, gaps in gaps_of.items():
-        for g0, g1, cause in gaps:
+        role = infos[p].role
+        for g0, g1, cause, at_end in gaps:
+            if not at_end:
+                waiting[role] = waiting.get(role, 0.0) + (g1 - g0)
             if cause is not None:
-                per = waited.setdefault(infos[p].role, {})
+                per = waited.setdefault(role, {})
                 per[cause.label] = per.get(cause.label, 0.0) + (g1 - g0)
     result = []
     for role, members in by_role.items():
@@ -497,6 +503,7 @@ def _role_idle(
                 role=role,
                 processes=len(members),
                 idle_s=idle,
+                waiting_s=waiting.get(role, 0.0) / len(members),
                 share=idle / window if window > 0 else 0.0,
                 waited_for=max(causes, key=lambda k: causes[k]) if causes else None,
                 within_clock_error=all(r.within_clock_error for r in members),
@@ -523,7 +530,10 @@ def format_seconds(value: float) -> str:
 def _verdict(step: StepLedger) -> str:
     """The step in one sentence: its length, the idlest role and what it waited for, the long tail."""
     parts = [f"step {step.number}: {format_seconds(step.seconds)}"]
-    idle = next((r for r in step.role_idle if not r.within_clock_error and r.idle_s >= MIN_GAP_S), None)
+    # The role that waited longest for something (idle after its own work, until the step's
+    # end, is the other roles' doing: it shows as their long tail or critical path).
+    waiting = [r for r in step.role_idle if not r.within_clock_error and r.waiting_s >= MIN_GAP_S]
+    idle = max(waiting, key=lambda r: r.waiting_s, default=None)
     if idle is not None:
         who = f"{idle.role} ranks" if idle.processes > 1 else idle.role
         why = f"waiting for {idle.waited_for}" if idle.waited_for else "unexplained"
