@@ -70,7 +70,7 @@ def test_the_verdict_names_the_idle_role_what_it_waited_for_and_the_slow_replica
     assert trainer["idle_s"] == pytest.approx(6.1) and not trainer["within_clock_error"]
     assert dict(map(tuple, trainer["busy_by_region"])) == pytest.approx({"actor/update": 2.0, "ref/compute_log_prob": 0.9})
     assert step["long_tails"][0] == {
-        "region": "rollout/generate", "process": "rollout pid 3", "past_median_s": 3.0, "others": 1,
+        "region": "rollout/generate", "process": "rollout pid 3", "past_median_s": 3.0, "longer_by_s": 3.0, "others": 1,
         "within_clock_error": False,
     }  # fmt: skip
     assert [r["role"] for r in step["role_idle"]] == ["trainer", "rollout"]

@@ -99,6 +99,7 @@ class LongTail:
     region: str
     process: str
     past_median_s: float  # its end, after the median end of the others
+    longer_by_s: float  # its own time in the region, past the median of the others' (it was slow, not late)
     others: int
     within_clock_error: bool
 
@@ -451,9 +452,12 @@ def _critical_path(
 
 def _long_tails(items: list[_Item], infos: list[ProcessInfo], clock: ClockEstimate) -> tuple[LongTail, ...]:
     ends: dict[str, dict[int, float]] = {}
+    spent: dict[str, dict[int, float]] = {}
     for x in items:
         per = ends.setdefault(x.label, {})
         per[x.p] = max(per.get(x.p, -math.inf), x.end)
+        took = spent.setdefault(x.label, {})
+        took[x.p] = took.get(x.p, 0.0) + (x.end - x.start)
     tails = []
     for label, per in ends.items():
         if len(per) < 2:
@@ -467,6 +471,7 @@ def _long_tails(items: list[_Item], infos: list[ProcessInfo], clock: ClockEstima
                 region=label,
                 process=infos[slowest].name,
                 past_median_s=past,
+                longer_by_s=spent[label][slowest] - statistics.median(v for p, v in spent[label].items() if p != slowest),
                 others=len(others),
                 within_clock_error=past <= error,
             )
@@ -540,7 +545,9 @@ def _verdict(step: StepLedger) -> str:
         parts.append(f"{who} idle {format_seconds(idle.idle_s)} ({idle.share:.0%}) {why}")
     elif step.role_idle:
         parts.append("no process idle for longer than 1 ms and its clock error")
-    tail = next((t for t in step.long_tails if not t.within_clock_error and t.past_median_s >= MIN_GAP_S), None)
+    # The tail of the phase that was itself slow there, not one that merely started late after it.
+    tails = [t for t in step.long_tails if not t.within_clock_error and t.past_median_s >= MIN_GAP_S]
+    tail = max(tails, key=lambda t: (t.longer_by_s, t.past_median_s), default=None)
     if tail is not None:
         median = "the other" if tail.others == 1 else "the median of the others"
         parts.append(f"{tail.process} finished {tail.region} {format_seconds(tail.past_median_s)} after {median}")
