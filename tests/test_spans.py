@@ -185,3 +185,41 @@ def test_run_spans_logs_a_plain_scripts_optimizer_steps(tmp_path):
     assert result.returncode == 0, result.stderr
     (process,) = read_span_folder(str(tmp_path / "spans")).processes
     assert [b.number for b in process.steps] == [1, 2, 3, 4]
+
+
+def test_with_metrics_on_too_each_steps_idle_time_is_a_prometheus_histogram_by_the_region_that_followed(tmp_path):
+    pytest.importorskip("prometheus_client", reason="prometheus_client is not installed (the [metrics] extra)")
+    result = run_script(
+        """
+        import time, urllib.request, torchstep_prof as tsp
+        from torchstep_prof.region_metrics import endpoint
+        with tsp.configure(summary=False), tsp.spans("spans"), tsp.metrics(port=0, addr="127.0.0.1"):
+            for n in range(5):
+                with tsp.step(n):
+                    with tsp.profile_region("rollout", "wait"):
+                        time.sleep(0.01)
+                    time.sleep(0.06)  # idle: before actor/update
+                    with tsp.profile_region("actor", "update"):
+                        with tsp.profile_region("actor", "inner"):  # nested: no idle of its own
+                            time.sleep(0.01)
+                    time.sleep(0.03)  # idle: before the step's end
+            tsp.flush()
+            host, port = endpoint()
+            print(urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=30).read().decode())
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    series = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("torchstep_prof_idle_seconds_") and "_bucket" not in line:
+            name, value = line.rsplit(" ", 1)
+            labels = dict(kv.split("=") for kv in name[name.index("{") + 1 : -1].split(","))
+            key = (name[: name.index("{")], labels["role"].strip('"'), labels["stage"].strip('"'))
+            series[key] = float(value)
+    assert series[("torchstep_prof_idle_seconds_count", "actor", "update")] == 5
+    assert series[("torchstep_prof_idle_seconds_count", "step", "end")] == 5
+    assert 5 * 0.06 <= series[("torchstep_prof_idle_seconds_sum", "actor", "update")] < 5 * 0.06 + 0.2
+    assert 5 * 0.03 <= series[("torchstep_prof_idle_seconds_sum", "step", "end")] < 5 * 0.03 + 0.2
+    assert series[("torchstep_prof_idle_seconds_sum", "rollout", "wait")] < 0.05  # the step starts with it
+    assert ("torchstep_prof_idle_seconds_count", "actor", "inner") not in series

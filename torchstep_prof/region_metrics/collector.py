@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-from .recorder import BOUNDS, STEP_KEY, snapshot
+from .recorder import BOUNDS, STEP_KEY, idle_snapshot, snapshot
 from ..topology import current_topology
 
 __all__ = ["PREFIX", "RegionCollector"]
@@ -23,7 +23,8 @@ _PLACE = ("rank", "world_size", "node")
 
 class RegionCollector:
     """Yields ``torchstep_prof_region_seconds`` (role, stage, rank, world_size, node),
-    ``torchstep_prof_step_seconds``, ``torchstep_prof_traces_written_total`` and
+    ``torchstep_prof_step_seconds``, ``torchstep_prof_idle_seconds`` (spans on too),
+    ``torchstep_prof_traces_written_total`` and
     ``torchstep_prof_hook_runs_total`` (by outcome)."""
 
     def __init__(self) -> None:
@@ -54,6 +55,14 @@ class RegionCollector:
                 regions.add_metric([str(role), str(stage), *place], buckets, sum_value=stats.sum_s)
         yield regions
         yield steps
+        idle = HistogramMetricFamily(  # with spans on too (docs/timeline.md): each step's gaps
+            f"{PREFIX}_idle_seconds",
+            "Idle time of a step's thread before each region (role/stage; step/end: after the last)",
+            labels=["role", "stage", *_PLACE],
+        )
+        for (role, stage), stats in sorted(idle_snapshot().items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+            idle.add_metric([str(role), str(stage), *place], _cumulative(bounds, stats.counts), sum_value=stats.sum_s)
+        yield idle
         yield from self._records(place)
 
     def _records(self, place: list[str]) -> Iterator[Any]:

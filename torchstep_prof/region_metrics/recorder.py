@@ -87,6 +87,7 @@ def forget() -> None:
         BOUNDS.clear()
         _choose_exit()
         _FOLDED.clear()
+        _IDLE.clear()
         _ADMITTED.clear()
         _SERIES.clear()
         _SERIES[STEP_KEY, STEP_KEY] = (STEP_KEY, STEP_KEY)
@@ -294,6 +295,31 @@ def take_spans() -> list[tuple[threading.Thread, list[Any]]]:
     return taken
 
 
+_IDLE: dict[tuple[Any, Any], list[Any]] = {}  # (role, stage) -> [sum_s, max_s, n_0, ..., n_k], idle before it
+
+
+def record_idle(role: Any, stage: Any, seconds: float) -> None:
+    """A step's thread sat ``seconds`` idle before (role, stage) began (timeline/idle.py, with
+    spans and metrics on; the span log's thread only, so the lock costs training nothing)."""
+    bounds = BOUNDS
+    if not bounds:
+        return
+    with _STORES_LOCK:
+        key = _SERIES.get((role, stage), OTHER_KEY) if (role, stage) != ("step", "end") else ("step", "end")
+        into = _IDLE.get(key)
+        if into is None:
+            into = _IDLE[key] = [0.0, 0.0] + [0] * (len(bounds) + 1)
+        into[0] += seconds
+        into[1] = max(into[1], seconds)
+        into[bisect_left(bounds, seconds) + 2] += 1
+
+
+def idle_snapshot() -> dict[tuple[Any, Any], CellStats]:
+    """Idle time before each (role, stage), and before the step's end (``("step", "end")``)."""
+    with _STORES_LOCK:
+        return {k: CellStats(counts=tuple(v[2:]), sum_s=v[0], max_s=v[1]) for k, v in _IDLE.items()}
+
+
 def _fold() -> None:
     """Move every thread's durations into the histograms (readers only, under the lock)."""
     bounds = BOUNDS
@@ -339,6 +365,7 @@ def _after_fork_in_child() -> None:
     global _STORES_LOCK
     _STORES_LOCK = threading.Lock()
     _FOLDED.clear()
+    _IDLE.clear()
     me = threading.current_thread()
     kept = [(thread, cells) for thread, cells in _STORES if thread is me]
     for _, cells in kept:

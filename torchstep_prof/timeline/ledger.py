@@ -471,7 +471,8 @@ def _long_tails(items: list[_Item], infos: list[ProcessInfo], clock: ClockEstima
                 region=label,
                 process=infos[slowest].name,
                 past_median_s=past,
-                longer_by_s=spent[label][slowest] - statistics.median(v for p, v in spent[label].items() if p != slowest),
+                longer_by_s=spent[label][slowest]
+                - statistics.median(v for p, v in spent[label].items() if p != slowest),
                 others=len(others),
                 within_clock_error=past <= error,
             )

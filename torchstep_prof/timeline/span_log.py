@@ -65,6 +65,9 @@ class _SpanLog:
         self.process_role = process_role
         self.base = _wall_minus_perf()
         self.started = time.time()
+        from .idle import IdleTracker
+
+        self.idle = IdleTracker()
         self.labels: dict[tuple[Any, Any], str] = {}  # (role, stage) -> its JSON, '"actor", "update"'
         self.fd: Optional[int] = None
         self.path: Optional[str] = None
@@ -98,6 +101,8 @@ class _SpanLog:
         rank = _rank()
         lines = []
         for thread, flat in _recorder.take_spans():
+            if _recorder.BOUNDS:  # metrics on too: each ended step's idle time, live
+                self.idle.add(thread, flat)
             spans, steps, anchors = [], [], []
             for i in range(0, len(flat), 4):
                 role, stage, start, end = flat[i : i + 4]
