@@ -3,6 +3,7 @@ leaves in the span folder, read back as ``torchstep-prof timeline`` reads it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -223,3 +224,47 @@ def test_with_metrics_on_too_each_steps_idle_time_is_a_prometheus_histogram_by_t
     assert 5 * 0.03 <= series[("torchstep_prof_idle_seconds_sum", "step", "end")] < 5 * 0.03 + 0.2
     assert series[("torchstep_prof_idle_seconds_sum", "rollout", "wait")] < 0.05  # the step starts with it
     assert ("torchstep_prof_idle_seconds_count", "actor", "inner") not in series
+
+
+def test_the_callbacks_take_spans_as_a_folder(tmp_path):
+    from torchstep_prof.integrations._driver import build_scopes
+
+    with contextlib.ExitStack() as stack:
+        for scope in build_scopes(None, None, None, None, {"spans": tmp_path / "spans", "summary": False}):
+            stack.enter_context(scope)
+        assert tsp.effective_config().spans == tsp.SpansConfig(dir=str(tmp_path / "spans"))
+    with pytest.raises(tsp.ConfigError, match=r"spans\.dir: must be a non-empty string \(got ''\)"):
+        build_scopes(None, None, None, None, {"spans": ""})
+
+
+def test_spans_from_the_environment_and_an_unwritable_folder_warn_and_training_goes_on(tmp_path):
+    (tmp_path / "not_a_folder").write_text("a file where the folder should be")
+    result = run_script(
+        """
+        import torchstep_prof as tsp
+        for n in range(3):
+            with tsp.step(n), tsp.profile_region("actor", "update"):
+                pass
+        tsp.flush()
+        print("trained")
+        """,
+        tmp_path,
+        TORCHSTEP_PROF_OVERRIDES="spans.dir=not_a_folder/spans summary=false",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "trained"
+    assert "could not write the span log in 'not_a_folder/spans'" in result.stderr
+    assert "spans are no longer recorded" in result.stderr
+    ok = run_script(
+        """
+        import torchstep_prof as tsp
+        for n in range(3):
+            with tsp.step(n), tsp.profile_region("actor", "update"):
+                pass
+        """,
+        tmp_path,
+        TORCHSTEP_PROF_OVERRIDES="spans.dir=spans",
+    )
+    assert ok.returncode == 0, ok.stderr
+    (process,) = read_span_folder(str(tmp_path / "spans")).processes
+    assert [b.number for b in process.steps] == [0, 1, 2] and process.ended
