@@ -71,18 +71,22 @@ class _SpanLog:
         self.labels: dict[tuple[Any, Any], str] = {}  # (role, stage) -> its JSON, '"actor", "update"'
         self.fd: Optional[int] = None
         self.path: Optional[str] = None
-        self.failed = False
+        self.failed = False  # nowhere to write: spans are taken and dropped
+        self.closed = False
         self.lock = threading.Lock()  # one writer at a time: the thread, exit, flush_spans
         self.thread = threading.Thread(target=self._write_forever, name="torchstep_prof spans", daemon=True)
 
     def _write_forever(self) -> None:
-        while not self.failed:
+        while not self.closed:
             time.sleep(WRITE_EVERY_S)
             self.write()
 
     def write(self, final: bool = False) -> None:
         with self.lock:
-            if self.failed:
+            if self.failed or self.closed:
+                # Regions still hand their spans over (they are timed under the scope): taken
+                # and dropped, so the lists stay short with nowhere to write them.
+                _recorder.take_spans()
                 return
             try:
                 lines = self._lines()
@@ -168,7 +172,6 @@ class _SpanLog:
 
     def _fail(self, message: str) -> None:
         self.failed = True
-        _recorder.spans_on(False)
         from ..errors import warn
 
         warn(f"torchstep_prof: {message}; spans are no longer recorded")
@@ -179,7 +182,7 @@ class _SpanLog:
             if self.fd is not None:
                 os.close(self.fd)
                 self.fd = None
-            self.failed = True  # the thread stops
+            self.closed = True  # the thread stops (interpreter exit)
 
 
 def _text(label: Any) -> str:
