@@ -268,3 +268,22 @@ def test_spans_from_the_environment_and_an_unwritable_folder_warn_and_training_g
     assert ok.returncode == 0, ok.stderr
     (process,) = read_span_folder(str(tmp_path / "spans")).processes
     assert [b.number for b in process.steps] == [0, 1, 2] and process.ended
+
+
+def test_one_span_log_a_process_a_second_folder_is_warned_about(tmp_path):
+    result = run_script(
+        """
+        import torchstep_prof as tsp
+        with tsp.configure(summary=False), tsp.spans("first"):
+            with tsp.step(1), tsp.profile_region("actor", "update"):
+                pass
+            with tsp.spans("second"), tsp.step(2), tsp.profile_region("actor", "update"):
+                pass
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "spans already go to 'first'; 'second' is ignored (one span log a process)" in result.stderr
+    assert not (tmp_path / "second").exists()
+    (process,) = read_span_folder(str(tmp_path / "first")).processes
+    assert [b.number for b in process.steps] == [1, 2]

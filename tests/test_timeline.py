@@ -205,3 +205,14 @@ def test_an_empty_or_missing_folder_is_a_clear_error(tmp_path, capsys):
         main(["timeline", str(tmp_path / "missing")])
     assert caught.value.code == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+def test_anchors_that_contradict_each_other_are_reported():
+    # The same barrier seen 3 s apart by b, then 0 s apart: a clock stepped mid-run.
+    anchors = {
+        "a": [Anchor("barrier", 1, 10.0, 10.001), Anchor("barrier", 2, 20.0, 20.001)],
+        "b": [Anchor("barrier", 1, 13.0, 13.001), Anchor("barrier", 2, 20.0, 20.001)],
+    }
+    clocks = estimate_offsets({"a": "n1", "b": "n2"}, anchors)
+    assert clocks.inconsistent and "anchors contradict each other" in clocks.inconsistent[0]
+    assert clocks.bound("a") == clocks.bound("b") == float("inf")  # no offset is claimed for either

@@ -45,8 +45,9 @@ MAX_ANCHORS_PER_NAME = 512
 class ClockEstimate:
     """Each process's offset from ``reference`` (its clock minus the reference's) and its bound.
 
-    ``inconsistent`` names anchors that contradict each other (clocks that drift, or anchors
-    of one name that are not one barrier); the bounds are then widened to cover them.
+    ``inconsistent`` names the processes whose anchors contradict each other (a clock stepped
+    or drifting, or anchors of one name that are not one barrier): no offset fits them all, so
+    theirs is unknown (offset 0, bound infinite), as for a process no anchor links.
     """
 
     reference: Hashable
@@ -101,12 +102,13 @@ def estimate_offsets(hosts: Mapping[Hashable, str], anchors: Mapping[Hashable, S
     inconsistent = tuple(
         f"{names[i]}: anchors contradict each other by {-d[i][i]:.6f} s" for i in range(n) if d[i][i] < 0
     )
-    reference = _reference(d, n)
+    broken = {i for i in range(n) if d[i][i] < 0}
+    reference = _reference(d, n, broken)
     offsets: dict[Hashable, float] = {}
     bounds: dict[Hashable, float] = {}
     for p, i in index.items():
         hi, lo = d[reference][i], -d[i][reference]
-        if math.isinf(hi) or math.isinf(lo):
+        if math.isinf(hi) or math.isinf(lo) or i in broken:  # unknown, or no offset fits every anchor
             offsets[p], bounds[p] = 0.0, inf
             continue
         offsets[p] = (hi + lo) / 2
@@ -145,6 +147,10 @@ def _shortest_paths(c: list[list[float]]) -> list[list[float]]:
     return d
 
 
-def _reference(d: list[list[float]], n: int) -> int:
-    """The process linked to the most others (the first such): its clock is the timeline's."""
-    return max(range(n), key=lambda i: (sum(1 for j in range(n) if d[i][j] < math.inf and d[j][i] < math.inf), -i))
+def _reference(d: list[list[float]], n: int, broken: set[int]) -> int:
+    """The process linked to the most others (the first such, anchors consistent if any is):
+    its clock is the timeline's."""
+    return max(
+        range(n),
+        key=lambda i: (i not in broken, sum(1 for j in range(n) if d[i][j] < math.inf and d[j][i] < math.inf), -i),
+    )
