@@ -313,7 +313,7 @@ class step:
     def _end(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # The block's exit; also end_step's, a scope's exit's and interpreter exit's for a begun step.
         if self._t0 is not None:
-            _record_step(_perf() - self._t0, self.number)
+            _record_step(_perf() - self._t0, self.number, self._t0)
         try:
             try:
                 if _SLOT.session is not None:

@@ -206,11 +206,13 @@ class TimedInner:
         return self.inner.__exit__(exc_type, exc, tb)
 
 
-def record_step(seconds: float, number: Optional[int] = None) -> None:
-    """A step block lasted ``seconds`` (its end calls this, in whichever thread ends it)."""
+def record_step(seconds: float, number: Optional[int] = None, start: Optional[float] = None) -> None:
+    """A step block lasted ``seconds`` (its end calls this, in whichever thread ends it); with
+    spans on, its ``number`` and ``start`` (``perf_counter``) go to the span log too."""
     if _SPANS_ON:
-        end = _perf()
-        _spans_here().extend((None, number, end - seconds, end))
+        if start is None:
+            start = _perf() - seconds
+        _spans_here().extend((None, number, start, start + seconds))
         if not BOUNDS:  # spans alone: nobody folds the metrics' lists
             return
     try:

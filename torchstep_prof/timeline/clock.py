@@ -34,7 +34,7 @@ __all__ = ["SAME_HOST_S", "ClockEstimate", "estimate_offsets"]
 
 SAME_HOST_S = 0.001
 """How far two processes of one host may disagree: each turns its monotonic clock into wall
-time with its own reading of both (microseconds apart), re-read at every write."""
+time with its own reading of both, taken when its span log starts (microseconds apart)."""
 CONVERSION_S = 0.0001
 """Added to every anchor's constraint: the same conversion, on each side of it."""
 MAX_ANCHORS_PER_NAME = 512

@@ -112,7 +112,8 @@ class _SpanLog:
                 role, stage, start, end = flat[i : i + 4]
                 times = f"{start + base:.6f},{end + base:.6f}"
                 if role is None:
-                    steps.append(f"[{json.dumps(stage)},{times}]")
+                    if isinstance(stage, int):  # a step block that did not say its number: not a step here
+                        steps.append(f"[{stage},{times}]")
                 elif role is _recorder.ANCHOR:
                     name, _, seq = stage.rpartition("\x00")
                     anchors.append(f"[{json.dumps(name)},{int(seq)},{times}]")

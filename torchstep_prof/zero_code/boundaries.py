@@ -194,7 +194,7 @@ class StepDriver:
         if self._timed:
             now = _recorder._perf()
             if self._open_step is None:  # no step block times this step
-                _recorder.record_step(now - self._step_t0, ended)
+                _recorder.record_step(now - self._step_t0, ended, self._step_t0)
             self._step_t0 = now
         watcher = _ON_DEMAND.watcher  # on-demand traces: the watcher notes the step (its status)
         requested = watcher is not None and (watcher.wants(ended + 1) or self._requested(ended + 2))
