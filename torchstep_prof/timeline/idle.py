@@ -47,10 +47,15 @@ class IdleTracker:
     def _step(pending: list[tuple[float, float, Any, Any]], start: float, end: float) -> None:
         idle: dict[tuple[Any, Any], float] = {}
         cursor = start
-        for s0, s1, role, stage in sorted(s for s in pending if s[0] >= start and s[1] <= end):
+        inside = sorted((s for s in pending if s[0] >= start and s[1] <= end), key=lambda s: (s[0], s[1]))
+        for s0, s1, role, stage in inside:
             if s1 <= cursor:
                 continue  # nested in (or overlapped by) a region already counted
             key = (role, stage)
+            try:
+                hash(key)
+            except TypeError:  # an unhashable label: counted under its text
+                key = (str(role), str(stage))
             idle[key] = idle.get(key, 0.0) + max(s0 - cursor, 0.0)
             cursor = s1
         idle[STEP_END] = max(end - cursor, 0.0)
