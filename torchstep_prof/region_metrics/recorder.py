@@ -257,8 +257,16 @@ def _span_exit(self: TimedRegion, exc_type: Any, exc: Any, tb: Any) -> None:
 
 
 def _span_and_metrics_exit(self: TimedRegion, exc_type: Any, exc: Any, tb: Any) -> None:
-    _span_exit(self, exc_type, exc, tb)
-    _TIMED_EXIT(self, exc_type, exc, tb)
+    # Both exits' work inline, one clock reading: two calls would cost a third more.
+    end = _perf()
+    try:
+        _LOCAL.spans.extend((self.role, self.stage, self.t0, end))
+    except AttributeError:
+        _spans_here().extend((self.role, self.stage, self.t0, end))
+    try:
+        _LOCAL.cells[self.role][self.stage].append(end - self.t0)
+    except (AttributeError, KeyError, TypeError):
+        _cell(self.role, self.stage).append(end - self.t0)
 
 
 def _choose_exit() -> None:
