@@ -6,6 +6,8 @@ Targets, each timed side by side with its baseline (a bare class-based context m
 - metrics on, no schedule: ``with tsp.profile_region(...)`` within 4x of the bare manager, and a
   ``@tsp.profiled`` call within 4x of the same function called inside it;
 - metrics on, a schedule in force and the step not selected (inside ``step(n)``): within 4x;
+- spans on (``tsp.spans``, the span log of docs/timeline.md), no schedule: within 2.5x of the
+  bare manager (the region hands its start and end to the span log's thread), beside metrics on;
 - metrics off, the same two cases (no schedule; schedule, step not selected): still within the
   2x of ``bench_idle_region``, measured in this run beside the metrics-on ones.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -24,10 +27,9 @@ from _timing import Report, interleave, loop, ratio_target, stat  # noqa: E402
 from bench_idle_region import Bare, plain  # noqa: E402  (the same baselines, side by side)
 
 LIMIT_ON = 4.0
+LIMIT_SPANS = 2.5
 LIMIT_OFF = 2.0
 NEVER = 10**9
-
-
 
 
 def run(quick: bool = False) -> Report:
@@ -50,15 +52,28 @@ def run(quick: bool = False) -> Report:
         "profiled": loop("update()", number, ns),
     }
 
-    def measure(case: str, limit: float, what: str, profiled: bool = True) -> None:
+    def measure(case: str, limit: float, what: str, profiled: bool = True, region: Any = None) -> None:
         chosen = samplers if profiled else {k: samplers[k] for k in ("bare", "region")}
+        if region is not None:
+            chosen = {**chosen, "region": region}
         samples = interleave(chosen, rounds)
         report.add(stat(f"{case}: profile_region", samples["region"]))
-        report.targets.append(ratio_target(f"{case}_region", samples["bare"], samples["region"], limit, f"profile_region vs bare cm, {what}"))
+        report.targets.append(
+            ratio_target(
+                f"{case}_region", samples["bare"], samples["region"], limit, f"profile_region vs bare cm, {what}"
+            )
+        )
         if profiled:
             report.add(stat(f"{case}: @profiled call", samples["profiled"]))
-            report.targets.append(ratio_target(f"{case}_profiled", samples["call_in_bare"], samples["profiled"], limit,
-                                               f"@profiled call vs call in bare cm, {what}"))
+            report.targets.append(
+                ratio_target(
+                    f"{case}_profiled",
+                    samples["call_in_bare"],
+                    samples["profiled"],
+                    limit,
+                    f"@profiled call vs call in bare cm, {what}",
+                )
+            )
 
     with tsp.profile_region("actor", "update"):  # the environment read once: not measured
         pass
@@ -68,7 +83,12 @@ def run(quick: bool = False) -> Report:
             with tsp.step(n), tsp.profile_region("actor", "update"):
                 pass
         with tsp.step(3):
-            measure("metrics_off_step_not_selected", LIMIT_OFF, "metrics off, schedule in force, step not selected", profiled=False)
+            measure(
+                "metrics_off_step_not_selected",
+                LIMIT_OFF,
+                "metrics off, schedule in force, step not selected",
+                profiled=False,
+            )
 
     with tsp.configure(summary=False), tsp.metrics(port=0, addr="127.0.0.1"):
         for _ in range(3):  # each thread's cells are made on first use: not measured
@@ -81,9 +101,72 @@ def run(quick: bool = False) -> Report:
                 with tsp.step(n), tsp.profile_region("actor", "update"):
                     pass
             with tsp.step(3):
-                measure("metrics_on_step_not_selected", LIMIT_ON, "metrics on, schedule in force, step not selected", profiled=False)
-    report.notes.append(f"{number} iterations per sample, {rounds} interleaved rounds; ratios are of medians, min/max of per-round ratios")
+                measure(
+                    "metrics_on_step_not_selected",
+                    LIMIT_ON,
+                    "metrics on, schedule in force, step not selected",
+                    profiled=False,
+                )
+    import tempfile
+
+    from torchstep_prof.timeline import span_log
+
+    # The span log's thread writes twice a second: here it would format millions of 200 ns
+    # regions a second on the same GIL, a load no real step makes (regions of a millisecond and
+    # more). Its work is timed apart, per span, below; the regions' own cost is timed with it paused.
+    every, span_log.WRITE_EVERY_S = span_log.WRITE_EVERY_S, 3600.0
+    with tempfile.TemporaryDirectory() as spans_dir, tsp.configure(summary=False), tsp.spans(spans_dir):
+        for _ in range(3):  # each thread's span list is made on first use: not measured
+            with tsp.profile_region("actor", "update"):
+                pass
+        from torchstep_prof.region_metrics import recorder
+
+        def emptied_first() -> float:
+            # The thread's span list emptied before each sample, untimed, as the span log's thread
+            # keeps it (a list grown to millions of items would time the allocator's copies).
+            recorder._LOCAL.spans.clear()
+            return samplers["region"]()
+
+        # Metrics were on earlier in this process, and a region then feeds both: the spans-only
+        # case is timed with the buckets set aside, as in a process that never turned metrics on.
+        bounds = list(recorder.BOUNDS)
+        recorder.BOUNDS.clear()
+        recorder._choose_exit()
+        try:
+            measure("spans_on_no_schedule", LIMIT_SPANS, "spans on, no schedule", profiled=False, region=emptied_first)
+        finally:
+            recorder.BOUNDS[:] = bounds
+            recorder._choose_exit()
+        with tsp.metrics(port=0, addr="127.0.0.1"):
+            measure(
+                "spans_and_metrics_on_no_schedule",
+                LIMIT_ON,
+                "spans and metrics on, no schedule",
+                profiled=False,
+                region=emptied_first,
+            )
+        report.add(_writer_cost_per_span(tsp, span_log))
+    span_log.WRITE_EVERY_S = every
+    report.notes.append(
+        f"{number} iterations per sample, {rounds} interleaved rounds; ratios are of medians, min/max of per-round ratios"
+    )
     return report
+
+
+def _writer_cost_per_span(tsp: object, span_log: object) -> _timing.Stat:
+    """What the span log's thread spends on one span (taking, formatting, writing; information)."""
+    import time
+
+    samples = []
+    for _ in range(5):
+        span_log.flush_spans()  # type: ignore[attr-defined]
+        for _ in range(20_000):
+            with tsp.profile_region("actor", "update"):  # type: ignore[attr-defined]
+                pass
+        t0 = time.perf_counter()
+        span_log.flush_spans()  # type: ignore[attr-defined]
+        samples.append((time.perf_counter() - t0) / 20_000)
+    return stat("span log thread, per span (information)", samples)
 
 
 if __name__ == "__main__":

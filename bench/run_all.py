@@ -48,6 +48,7 @@ SCRIPTS = (
     "bench_auto_trace",
     "bench_stall",
     "bench_scale",
+    "bench_timeline",
 )
 TIMEOUT_S = 150  # per script
 # bench_scale: 20,000 traces read twice; bench_run: two children under valgrind (2-3 minutes), then ~2 minutes of timing.

@@ -15,6 +15,14 @@ only:
                                                              # it warns once, naming the fix
 
 Then: ``torchstep-prof ls outputs/profile``.
+
+``--timeline DIR`` runs a small asynchronous RL loop instead, every process logging its spans
+(``tsp.spans``) into DIR: two rollout replicas (the second slower by ``--slow-s``: the long
+tail), a reference actor, and a 2-rank trainer (gloo) whose ranks each wait on a replica and on
+the reference with ``ray.get``, then update and all-reduce. It prints what
+``torchstep-prof timeline DIR`` says about it (docs/timeline.md):
+
+    python examples/ray_roles.py --timeline /tmp/spans --steps 4
 """
 
 from __future__ import annotations
@@ -94,6 +102,123 @@ class Worker:
         return [t.path for t in tsp.records().traces if t.ok]
 
 
+@ray.remote(num_cpus=1)
+class Rollout:
+    """A rollout replica: generates a batch of tokens per step (``slow_s`` more for the long tail)."""
+
+    def __init__(self, rank_env: dict[str, str], spans_dir: str, slow_s: float) -> None:
+        os.environ.update(rank_env)
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        self.model = nn.Sequential(nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB))
+        self.slow_s = slow_s
+        self.scopes = contextlib.ExitStack()
+        self.scopes.enter_context(tsp.configure(process_role="rollout", summary=False))
+        self.scopes.enter_context(tsp.spans(spans_dir))
+
+    def generate(self, n: int) -> torch.Tensor:
+        with tsp.step(n), tsp.profile_region("rollout", "generate"), torch.no_grad():
+            tokens = torch.randint(0, VOCAB, (BATCH, 4))
+            while tokens.shape[1] < SEQ:
+                probs = torch.softmax(self.model(tokens)[:, -1], -1)
+                tokens = torch.cat([tokens, torch.multinomial(probs, 1)], dim=1)
+            time.sleep(0.2 + self.slow_s)  # a longer decode: the tail the timeline should find
+            return tokens
+
+    def close(self) -> None:
+        self.scopes.close()
+        tsp.flush()  # every span on disk: ray.shutdown kills the process, with no exit work
+
+
+@ray.remote(num_cpus=1)
+class Reference:
+    """The reference policy: log-probabilities of a batch, for each trainer rank in turn."""
+
+    def __init__(self, spans_dir: str) -> None:
+        os.environ.update(rank_variables(0, 1))  # one reference actor: rank 0 of 1
+        torch.set_num_threads(1)
+        self.model = nn.Sequential(nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB))
+        self.scopes = contextlib.ExitStack()
+        self.scopes.enter_context(tsp.configure(process_role="ref", summary=False))
+        self.scopes.enter_context(tsp.spans(spans_dir))
+
+    def compute_log_prob(self, n: int, tokens: torch.Tensor) -> torch.Tensor:
+        with tsp.step(n), tsp.profile_region("ref", "compute_log_prob"), torch.no_grad():
+            time.sleep(0.05)
+            return torch.log_softmax(self.model(tokens), -1).amax(-1)
+
+    def close(self) -> None:
+        self.scopes.close()
+        tsp.flush()
+
+
+@ray.remote(num_cpus=1)
+class Trainer:
+    """One rank of a 2-rank gloo trainer: waits on its rollout replica and the reference with
+    ``ray.get`` (that wait is its idle time), updates, all-reduces, and passes a clock anchor."""
+
+    def __init__(self, rank: int, world_size: int, port: int, spans_dir: str) -> None:
+        import torch.distributed as dist
+
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+        self.rank = rank
+        self.model = nn.Sequential(nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.scopes = contextlib.ExitStack()
+        self.scopes.enter_context(tsp.configure(process_role="trainer", summary=False))
+        self.scopes.enter_context(tsp.spans(spans_dir))
+
+    def step(self, n: int, rollouts: list[Any], reference: Any) -> None:
+        import torch.distributed as dist
+
+        with tsp.step(n):
+            tokens = ray.get(rollouts[self.rank].generate.remote(n))  # idle: waiting for rollout/generate
+            ray.get(reference.compute_log_prob.remote(n, tokens))  # idle: waiting for ref/compute_log_prob
+            with tsp.profile_region("actor", "update"):
+                logits = self.model(tokens[:, :-1])
+                loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+            for p in self.model.parameters():
+                dist.all_reduce(p.data)  # outside any region: the faster rank's wait shows as idle
+            tsp.clock_anchor()  # a barrier whose entry and exit align the two ranks' clocks
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        self.scopes.close()
+        tsp.flush()
+        dist.destroy_process_group()
+
+
+def run_timeline(args: argparse.Namespace) -> None:
+    """The asynchronous RL loop, each process logging spans into ``args.timeline``."""
+    import socket
+    import subprocess
+    import sys
+
+    spans_dir = os.path.abspath(args.timeline)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=6, include_dashboard=False, configure_logging=False, log_to_driver=True)
+    try:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        rollouts = [Rollout.remote(rank_variables(i, 2), spans_dir, args.slow_s if i == 1 else 0.0) for i in range(2)]  # type: ignore[attr-defined]
+        reference = Reference.remote(spans_dir)  # type: ignore[attr-defined]
+        trainers = [Trainer.remote(r, 2, port, spans_dir) for r in range(2)]  # type: ignore[attr-defined]
+        for n in range(1, args.steps + 1):
+            ray.get([t.step.remote(n, rollouts, reference) for t in trainers])
+            print(f"step {n} done")
+        ray.get([a.close.remote() for a in [*trainers, *rollouts, reference]])
+    finally:
+        ray.shutdown()  # each actor's process exits: its span log writes its last lines
+    subprocess.run([sys.executable, "-m", "torchstep_prof", "timeline", spans_dir], check=False)
+
+
 def rank_variables(rank: int, world_size: int) -> dict[str, str]:
     # One node: local ranks are the global ones. On several nodes, number LOCAL_RANK within
     # each node and give LOCAL_WORLD_SIZE the node's worker count, as torchrun does.
@@ -116,10 +241,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="training steps the driver runs (default 4)")
     parser.add_argument("--profile-steps", type=int, nargs="+", default=[2, 3], help="steps to profile (default 2 3)")
     parser.add_argument("--save-path", default="outputs/profile", help="where traces go (default outputs/profile)")
-    parser.add_argument("--on-finish", default='echo "node done: $(ls "$TORCHSTEP_PROF_SAVE_PATH" | wc -l) trace(s)"',
-                        help="per-node finish hook command (run by /bin/sh on local rank 0)")
+    parser.add_argument(
+        "--on-finish",
+        default='echo "node done: $(ls "$TORCHSTEP_PROF_SAVE_PATH" | wc -l) trace(s)"',
+        help="per-node finish hook command (run by /bin/sh on local rank 0)",
+    )
     parser.add_argument("--unranked", action="store_true", help="also start a worker without rank variables")
+    parser.add_argument("--timeline", metavar="DIR", help="run the asynchronous RL loop, logging spans into DIR")
+    parser.add_argument("--slow-s", type=float, default=0.5, help="the slow rollout replica's extra seconds")
     args = parser.parse_args()
+    if args.timeline is not None:
+        run_timeline(args)
+        return
     save_path = os.path.abspath(args.save_path)
 
     # The hook runs in a worker, whose output Ray keeps in its log files: it appends to a file
@@ -167,6 +300,7 @@ def run_workers(args: argparse.Namespace, save_path: str, on_finish: str) -> lis
         return [path for paths in ray.get([w.finish.remote() for w in everyone]) for path in paths]
     finally:
         ray.shutdown()
+
 
 if __name__ == "__main__":
     main()

@@ -79,7 +79,7 @@ def test_yaml_looks_like_the_spec() -> None:
     assert text.startswith("enable: true\nsave_path: outputs/profile\n")
     assert "ranks: [0]\n" in text and "contents: []\n" in text and "process_role: null\n" in text
     assert "schedule:\n  steps: [1, 3]\n  skip_first: 0\n" in text
-    assert "\nfinish_hook: null\n" in text and text.endswith("on_demand: null\nmetrics: null\nauto_trace: null\nstall: null\n")
+    assert "\nfinish_hook: null\n" in text and text.endswith("on_demand: null\nmetrics: null\nauto_trace: null\nstall: null\nspans: null\n")
     assert yaml.safe_load(text) == to_dict(ProfilerConfig(schedule=ScheduleConfig(steps=(1, 3))))
 
 

@@ -33,7 +33,7 @@ LAYERS: Sequence[tuple[str, Sequence[str]]] = (
     ("selection", ("selection",)),
     ("recording", ("recording",)),
     ("writing", ("writing",)),
-    ("after a trace", ("hook", "summary", "region_metrics", "triggers", "slow_steps", "live")),
+    ("after a trace", ("hook", "summary", "region_metrics", "triggers", "slow_steps", "live", "timeline")),
     ("engine", ("engine", "process_exit")),
     ("training code's API", ("regions", "scopes", "slow_steps.scope")),
     ("entry points and analysis", ("zero_code", "integrations", "startup", "traces.analysis")),
@@ -47,6 +47,10 @@ UPWARD: Mapping[tuple[str, str], str] = {
         "frame_for starts the process's one metrics endpoint with the first frame that asks for "
         "metrics (a side effect of making a frame); it belongs in the engine's scope entry, with "
         "the rework of selection/frames.py"
+    ),
+    ("selection.frames", "timeline.span_log"): (
+        "frame_for starts the process's one span log with the first frame that turns spans on, as "
+        "it starts the metrics endpoint (the same move to the engine's scope entry fixes both)"
     ),
 }
 

@@ -14,7 +14,7 @@ from torchstep_prof.config.converter import to_dict
 from torchstep_prof.errors import ConfigError
 from torchstep_prof.config.overrides import Override, apply_overrides, parse_overrides
 
-TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace, stall"
+TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace, stall, spans"
 
 
 def test_the_spec_example() -> None:
@@ -139,12 +139,12 @@ BAD_OVERRIDES = [
     (
         ["save_path.x=1"],
         ["save_path.x: override 'save_path.x=1' sets a key inside save_path, which is a value, "
-         "not a section (sections: schedule, finish_hook, on_demand, metrics, auto_trace, stall)"],
+         "not a section (sections: schedule, finish_hook, on_demand, metrics, auto_trace, stall, spans)"],
     ),
     (
         ["schedule.steps.first=1"],
         ["schedule.steps.first: override 'schedule.steps.first=1' sets a key inside schedule.steps, "
-         "which is a value, not a section (sections: schedule, finish_hook, on_demand, metrics, auto_trace, stall)"],
+         "which is a value, not a section (sections: schedule, finish_hook, on_demand, metrics, auto_trace, stall, spans)"],
     ),
     (["schedule.wait=-1"], ["schedule.wait: must be >= 0 (got -1)"]),
     (["schedule.wait=1.5"], ["schedule.wait: must be an integer (got 1.5)"]),

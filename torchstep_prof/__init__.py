@@ -39,6 +39,7 @@ _EXPORTS = {
     "ProfilingRecords": "summary.records",
     "ScheduleConfig": "config.model",
     "StallConfig": "config.model",
+    "SpansConfig": "config.model",
     "TorchstepProfError": "errors",
     "TorchstepProfWarning": "errors",
     "TraceName": "naming",
@@ -48,6 +49,7 @@ _EXPORTS = {
     "auto_trace": "slow_steps.scope",
     "begin_step": "regions",
     "build_trace_name": "naming",
+    "clock_anchor": "timeline.span_log",
     "configure": "scopes",
     "contents": "scopes",
     "dump_config": "config.files",
@@ -67,6 +69,7 @@ _EXPORTS = {
     "records": "summary.records",
     "schedule": "scopes",
     "stall": "scopes",
+    "spans": "scopes",
     "step": "regions",
     "to_dict": "config.converter",
 }
@@ -119,6 +122,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         ProfilerConfig,
         ScheduleConfig,
         StallConfig,
+        SpansConfig,
     )
     from .background import flush
     from .config.files import dump_config, load_config
@@ -141,3 +145,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .scopes import configure, contents, effective_config, metrics, on_demand, on_finish, ranks, schedule, stall
     from .summary.exit_table import print_summary
     from .slow_steps.scope import auto_trace
+    from .scopes import spans
+    from .timeline.span_log import clock_anchor

@@ -24,7 +24,7 @@ import secrets
 import stat
 import tempfile
 
-__all__ = ["SharedFileError", "make_private_folder", "read_capped", "replace_exclusively"]
+__all__ = ["SharedFileError", "create_exclusively", "make_private_folder", "read_capped", "replace_exclusively"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -96,6 +96,16 @@ def replace_exclusively(path: str, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def create_exclusively(path: str) -> int:
+    """A new file at ``path`` opened for appending (``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0666
+    less the umask); its descriptor. Anything already at ``path`` (a file, a link, a FIFO) makes
+    it fail with ``FileExistsError``: the caller picks another name.
+
+    >>> fd = create_exclusively("/shared/spans/spans-node1-4242.jsonl")  # doctest: +SKIP
+    """
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _NOFOLLOW | _BINARY, 0o666)
 
 
 def make_private_folder(folder: str, prefix: str) -> str:

@@ -7,6 +7,7 @@ here, without knowing who registered what. No torch import: the command line may
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Callable, Iterable, Optional
@@ -114,7 +115,8 @@ def wait_for(kinds: Iterable[str], timeout: Optional[float] = None) -> bool:
 
 def flush(timeout: Optional[float] = None) -> bool:
     """Wait until this process's background work is done: every trace ended so far is on disk
-    (or recorded as failed), and every finish hook started so far has ended.
+    (or recorded as failed), every finish hook started so far has ended, and the span log holds
+    every span recorded so far.
 
     Returns True when all of it is done, False when ``timeout`` seconds ran out first (the
     work goes on). A test or a notebook calls it before reading the traces; training code
@@ -127,6 +129,9 @@ def flush(timeout: Optional[float] = None) -> bool:
     ...     tsp.flush()                             # the trace is on disk now
     ...     files = os.listdir("outputs/profile")
     """
+    spans = sys.modules.get("torchstep_prof.timeline.span_log")
+    if spans is not None:  # the span log's lines so far, written now (a Ray actor about to be killed)
+        spans.flush_spans()
     return wait_for((WRITES, HOOKS), timeout)
 
 

@@ -314,7 +314,7 @@ class step:
         """Where every step ends: the block's exit; also end_step's, the next begin_step's, a
         scope's exit's and interpreter exit's for a begun step."""
         if self._t0 is not None:
-            _record_step(_perf() - self._t0, self.number)
+            _record_step(_perf() - self._t0, self.number, self._t0)
         try:
             try:
                 if _SLOT.session is not None:

@@ -1,7 +1,7 @@
-"""Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, stall, metrics, configure.
+"""Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, stall, metrics, spans, configure.
 
 Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
-``on_demand()``, ``stall()``, ``metrics()``, ``configure()``.
+``on_demand()``, ``stall()``, ``metrics()``, ``spans()``, ``configure()``.
 
 Each scope pushes a frame (``selection/frames.py``) for its block and tells the engine it was entered
 (warm up) and exited (finish hooks, missed steps). Scopes are entered rarely, so they are
@@ -26,6 +26,7 @@ from .config.model import (
     OnDemandConfig,
     ProfilerConfig,
     ScheduleConfig,
+    SpansConfig,
     StallConfig,
 )
 from .engine import ENGINE
@@ -44,6 +45,7 @@ __all__ = [
     "on_finish",
     "ranks",
     "schedule",
+    "spans",
     "stall",
 ]
 
@@ -310,6 +312,23 @@ def metrics(
     except ConfigError as exc:  # metrics.port, as the config file names it
         raise exc.under("metrics") from None
     return Scope({"metrics": config})
+
+
+def spans(dir: Union[str, os.PathLike[str]], *, enable: bool = True) -> Scope:
+    """Log every region's and step's start and end, profiled or not, to one small file per
+    process in ``dir`` (appended twice a second, off the training thread), for
+    ``torchstep-prof timeline DIR`` (docs/timeline.md).
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.spans("/shared/job7/spans"):      # doctest: +SKIP
+    ...     with tsp.step(1), tsp.profile_region("actor", "update"):
+    ...         pass
+    """
+    try:
+        config = SpansConfig(dir=dir, enable=enable)
+    except ConfigError as exc:  # spans.dir, as the config file names it
+        raise exc.under("spans") from None
+    return Scope({"spans": config})
 
 
 def configure(config: Union[ProfilerConfig, str, os.PathLike[str], None] = None, **fields: Any) -> Scope:

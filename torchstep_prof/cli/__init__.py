@@ -25,6 +25,7 @@ _SUBCOMMAND_MODULES = (
     "status_cmd",
     "diff_cmd",
     "alerts_cmd",
+    "timeline_cmd",
 )
 
 

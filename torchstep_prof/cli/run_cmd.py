@@ -98,6 +98,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=_int("--metrics-port"),
         help="serve region and step metrics for Prometheus on PORT + LOCAL_RANK (metrics.port)",
     )
+    out.add_argument(
+        "--spans",
+        metavar="DIR",
+        help="log every step's regions to DIR for `torchstep-prof timeline DIR` (spans.dir; no --steps needed)",
+    )
     conf = parser.add_argument_group("configuration")
     conf.add_argument("--config", metavar="FILE", help="a config file (.yaml, .json, .toml) to start from")
     conf.add_argument(
@@ -207,6 +212,8 @@ def build_config(args: argparse.Namespace) -> Any:
         chosen.append(field("auto_trace.on", "step"))
         if base.metrics is None and args.metrics_port is None:
             chosen.append(field("metrics.enable", True))  # it reads the metrics' step times
+    if getattr(args, "spans", None) is not None:
+        chosen.append(field("spans.dir", args.spans))
     return apply_overrides(base, [*chosen, *args.overrides])
 
 
@@ -261,7 +268,13 @@ def run(args: argparse.Namespace) -> int:
         parser.error(str(exc))
     if effective.enable and effective.auto_trace is not None and effective.on_demand is None:
         parser.error("--auto-trace (auto_trace) needs --on-demand DIR: its peers and its budget are kept there")
-    if effective.enable and effective.schedule is None and effective.on_demand is None and effective.stall is None:
+    if (
+        effective.enable
+        and effective.schedule is None
+        and effective.on_demand is None
+        and effective.stall is None
+        and effective.spans is None
+    ):
         if environment.config is not None:
             # The environment's file replaces the whole configuration, this command line's too.
             parser.error(
@@ -271,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
             )
         parser.error(
             "no step is selected: pass --steps LIST (or --wait/--warmup/--active/--repeat), "
-            "a --config file with a schedule, --set schedule.steps=[...], --on-demand DIR or --stall-after S"
+            "a --config file with a schedule, --set schedule.steps=[...], --on-demand DIR, --stall-after S or --spans DIR"
         )
     steps = effective.schedule.steps if effective.enable and effective.schedule is not None else None
     if steps and 0 in steps:

@@ -13,6 +13,7 @@ from .model import (
     OnDemandConfig,
     ProfilerConfig,
     ScheduleConfig,
+    SpansConfig,
     StallConfig,
 )
 from ..errors import ConfigError, Problem
@@ -22,6 +23,7 @@ _SECTIONS = {
     "schedule": ScheduleConfig, "finish_hook": FinishHookConfig, "on_demand": OnDemandConfig, "metrics": MetricsConfig,
     "auto_trace": AutoTraceConfig,
     "stall": StallConfig,
+    "spans": SpansConfig,
 }  # fmt: skip
 
 

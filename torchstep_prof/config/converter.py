@@ -30,6 +30,7 @@ from .model import (
     OnDemandConfig,
     ProfilerConfig,
     ScheduleConfig,
+    SpansConfig,
     StallConfig,
 )
 from ..errors import ConfigError, Problem
@@ -49,11 +50,16 @@ _CONFIG_CLASSES = (
     MetricsConfig,
     AutoTraceConfig,
     StallConfig,
+    SpansConfig,
 )
 
 # A required field that is missing still gets a stand-in value, so that the class's validators
 # can report the *other* fields' problems in the same error ("every problem at once").
-_STAND_INS: dict[tuple[type, str], Any] = {(FinishHookConfig, "cmd"): "true", (OnDemandConfig, "dir"): "."}
+_STAND_INS: dict[tuple[type, str], Any] = {
+    (FinishHookConfig, "cmd"): "true",
+    (OnDemandConfig, "dir"): ".",
+    (SpansConfig, "dir"): ".",
+}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

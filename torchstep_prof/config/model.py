@@ -17,7 +17,7 @@ from ..errors import ConfigError, Problem
 
 __all__ = [
     "CONTENT_NAMES", "AutoTraceConfig", "FinishHookConfig", "MetricsConfig", "OnDemandConfig", "ProfilerConfig",
-    "ScheduleConfig", "StallConfig",
+    "ScheduleConfig", "SpansConfig", "StallConfig",
 ]  # fmt: skip
 
 CONTENT_NAMES: tuple[str, ...] = (
@@ -515,6 +515,22 @@ def _stall_factor(key: str, value: Any) -> list[Problem]:
     return []
 
 
+@attrs.frozen(kw_only=True)
+class SpansConfig:
+    """The span log (see ``tsp.spans``): every region and step block, profiled or not, appends
+    its start and end to one small file per process in ``dir``, read by ``torchstep-prof timeline``.
+
+    >>> SpansConfig(dir="/shared/job7/spans").enable
+    True
+    """
+
+    dir: str = attrs.field(converter=_path_text)
+    enable: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        _raise_if(_validate(self, {"dir": _save_path, "enable": _bool}))
+
+
 def _check_contents(key: str, value: Any) -> list[Problem]:
     if not isinstance(value, tuple):
         return [Problem(key, f"must be a list of names from {', '.join(CONTENT_NAMES)} (got {value!r})")]
@@ -556,6 +572,7 @@ class ProfilerConfig:
     metrics: Optional[MetricsConfig] = None
     auto_trace: Optional[AutoTraceConfig] = None
     stall: Optional[StallConfig] = None
+    spans: Optional[SpansConfig] = None
 
     def __attrs_post_init__(self) -> None:
         problems = _validate(
@@ -579,6 +596,7 @@ class ProfilerConfig:
             ("metrics", MetricsConfig),
             ("auto_trace", AutoTraceConfig),
             ("stall", StallConfig),
+            ("spans", SpansConfig),
         ):
             value = getattr(self, name)
             if value is not None and not isinstance(value, cls):

@@ -10,6 +10,7 @@ triggers belong to it), and everything is closed in reverse order when training 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..config.model import FinishHookConfig
@@ -33,7 +34,8 @@ def build_scopes(
 
     ``fields`` are ``configure()`` fields (``config=`` a ``ProfilerConfig`` or a file path;
     ``metrics=`` a port, True, a mapping of ``tsp.metrics`` arguments or a ``MetricsConfig``;
-    ``auto_trace=`` True, a mapping of ``tsp.auto_trace`` arguments or an ``AutoTraceConfig``);
+    ``auto_trace=`` True, a mapping of ``tsp.auto_trace`` arguments or an ``AutoTraceConfig``;
+    ``spans=`` a folder, a mapping or a ``SpansConfig``);
     traces are fused (``discrete=False``) unless ``discrete`` or a whole ``config`` is given.
     The explicit arguments are entered innermost, so they win over ``fields``.
     """
@@ -47,6 +49,8 @@ def build_scopes(
             fields["metrics"] = None
     if fields.get("auto_trace") is True:  # auto_trace=True: the section with its defaults
         fields["auto_trace"] = {}
+    if isinstance(fields.get("spans"), (str, os.PathLike)):  # spans="/shared/spans": the span log's folder
+        fields["spans"] = {"dir": os.fspath(fields["spans"])}
     if config is None and "discrete" not in fields:
         fields["discrete"] = False
     scopes: list[contextlib.AbstractContextManager[Any]] = [configure(config, **fields)]

@@ -14,7 +14,7 @@ import os
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
-from .recorder import BOUNDS, STEP_KEY, WATCHED, snapshot
+from .recorder import BOUNDS, STEP_KEY, WATCHED, idle_snapshot, snapshot
 from ..topology import current_topology
 
 __all__ = ["PREFIX", "RegionCollector"]
@@ -25,7 +25,8 @@ _PLACE = ("rank", "world_size", "node")
 
 class RegionCollector:
     """Yields ``torchstep_prof_region_seconds`` (role, stage, rank, world_size, node),
-    ``torchstep_prof_step_seconds``, ``torchstep_prof_traces_written_total``,
+    ``torchstep_prof_step_seconds``, ``torchstep_prof_idle_seconds`` (spans on too),
+    ``torchstep_prof_traces_written_total``,
     ``torchstep_prof_hook_runs_total`` (by outcome), ``torchstep_prof_last_step_timestamp_seconds``
     and, with ``auto_trace``, ``torchstep_prof_auto_trace_decisions_total`` (by outcome) and
     ``torchstep_prof_auto_trace_info`` (the newest automatic trace's file and why)."""
@@ -66,6 +67,14 @@ class RegionCollector:
             )
             last.add_metric(place, WATCHED.last_step_at)
             yield last
+        idle = HistogramMetricFamily(  # with spans on too (docs/timeline.md): each step's gaps
+            f"{PREFIX}_idle_seconds",
+            "Idle time of a step's thread before each region (role/stage; step/end: after the last)",
+            labels=["role", "stage", *_PLACE],
+        )
+        for (role, stage), stats in sorted(idle_snapshot().items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+            idle.add_metric([str(role), str(stage), *place], _cumulative(bounds, stats.counts), sum_value=stats.sum_s)
+        yield idle
         yield from self._records(place)
         yield from _auto_trace(place)
 

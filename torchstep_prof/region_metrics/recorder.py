@@ -76,6 +76,7 @@ def set_bounds(bounds: tuple[float, ...]) -> bool:
         if BOUNDS:
             return list(bounds) == BOUNDS
         BOUNDS[:] = [float(b) for b in bounds]
+        _choose_exit()  # spans on already: regions now also time the metrics
         if not _folding:
             _folding.append(threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True))
             _folding[0].start()
@@ -86,7 +87,9 @@ def forget() -> None:
     """Drop every time recorded and the buckets (tests that start metrics afresh in-process)."""
     with _STORES_LOCK:
         BOUNDS.clear()
+        _choose_exit()
         _FOLDED.clear()
+        _IDLE.clear()
         _ADMITTED.clear()
         _SERIES.clear()
         _SERIES[STEP_KEY, STEP_KEY] = (STEP_KEY, STEP_KEY)
@@ -227,9 +230,15 @@ class _Watched:
 WATCHED = _Watched()
 
 
-def record_step(seconds: float, number: Optional[int] = None) -> None:
-    """A step block (step ``number``) lasted ``seconds`` (its end calls this, in whichever
-    thread ends it)."""
+def record_step(seconds: float, number: Optional[int] = None, start: Optional[float] = None) -> None:
+    """A step block lasted ``seconds`` (its end calls this, in whichever thread ends it); with
+    spans on, its ``number`` and ``start`` (``perf_counter``) go to the span log too."""
+    if _SPANS_ON:
+        if start is None:
+            start = _perf() - seconds
+        _spans_here().extend((None, number, start, start + seconds))
+        if not BOUNDS:  # spans alone: nobody folds the metrics' lists
+            return
     try:
         _LOCAL.cells[STEP_KEY][STEP_KEY].append(seconds)
     except (AttributeError, KeyError):
@@ -237,6 +246,115 @@ def record_step(seconds: float, number: Optional[int] = None) -> None:
     watched = WATCHED.steps
     if watched is not None and number is not None:
         watched.append((number, seconds))  # a deque's append: atomic, no lock
+
+
+# --- the span log's hand-off (timeline/span_log.py) ----------------------------------------
+# With spans on, a timed region's exit appends (role, stage, start, end) to its thread's span
+# list instead of (or, metrics on too, as well as) its duration: one append, as metrics cost.
+# Step blocks append (None, number, start, end); clock anchors (ANCHOR, "name\\0seq", start, end).
+# The span log's thread takes them as the folding thread takes durations: the first n, then
+# exactly those deleted. The exit is swapped on the class once (decide once): a process without
+# spans runs the exit above, untouched.
+
+ANCHOR = "\x00anchor"  # the first item of an anchor's tuple: never a label (labels are checked text)
+_SPANS_ON: list[bool] = []  # not empty while spans are on in this process
+_SPAN_LISTS: list[tuple[threading.Thread, list[Any]]] = []  # each thread's (role, stage, start, end, ...)
+_TIMED_EXIT = TimedRegion.__exit__
+
+
+def _spans_here() -> list[Any]:
+    try:
+        return _LOCAL.spans  # type: ignore[no-any-return]
+    except AttributeError:
+        spans: list[Any] = []
+        with _STORES_LOCK:
+            _SPAN_LISTS.append((threading.current_thread(), spans))
+        _LOCAL.spans = spans
+        return spans
+
+
+def _span_exit(self: TimedRegion, exc_type: Any, exc: Any, tb: Any) -> None:
+    end = _perf()
+    # One flat list, four items a span: a tuple kept per span would be a container the garbage
+    # collector tracks (a million of them between two writes make every collection slow).
+    try:
+        _LOCAL.spans.extend((self.role, self.stage, self.t0, end))
+    except AttributeError:  # this thread's first span
+        _spans_here().extend((self.role, self.stage, self.t0, end))
+
+
+def _span_and_metrics_exit(self: TimedRegion, exc_type: Any, exc: Any, tb: Any) -> None:
+    # Both exits' work inline, one clock reading: two calls would cost a third more.
+    end = _perf()
+    try:
+        _LOCAL.spans.extend((self.role, self.stage, self.t0, end))
+    except AttributeError:
+        _spans_here().extend((self.role, self.stage, self.t0, end))
+    try:
+        _LOCAL.cells[self.role][self.stage].append(end - self.t0)
+    except (AttributeError, KeyError, TypeError):
+        _cell(self.role, self.stage).append(end - self.t0)
+
+
+def _choose_exit() -> None:
+    # ignore: the class's exit replaced on purpose, once per change (see above).
+    TimedRegion.__exit__ = (  # type: ignore[method-assign]
+        _TIMED_EXIT if not _SPANS_ON else _span_and_metrics_exit if BOUNDS else _span_exit
+    )
+
+
+def spans_on(on: bool = True) -> None:
+    """Record spans from now on (``on``), or stop (the span log starts and stops them)."""
+    with _STORES_LOCK:
+        _SPANS_ON[:] = [True] if on else []
+        _choose_exit()
+
+
+def record_anchor(name: str, seq: int, start: float, end: float) -> None:
+    """A clock anchor (``tsp.clock_anchor``) was entered at ``start`` and left at ``end``."""
+    if _SPANS_ON:
+        _spans_here().extend((ANCHOR, f"{name}\x00{seq}", start, end))
+
+
+def take_spans() -> list[tuple[threading.Thread, list[Any]]]:
+    """Every thread's spans recorded since the last call (the span log's thread only), each
+    thread's as one flat list: role, stage, start, end, role, stage, ..."""
+    taken = []
+    with _STORES_LOCK:
+        lists = list(_SPAN_LISTS)
+        _SPAN_LISTS[:] = [(t, spans) for t, spans in lists if t.is_alive() or spans]
+    for thread, spans in lists:
+        n = len(spans)  # a multiple of 4: list.extend of a tuple is atomic
+        if n:
+            batch = spans[:n]
+            del spans[:n]  # exactly those: one appended meanwhile stays for next time
+            taken.append((thread, batch))
+    return taken
+
+
+_IDLE: dict[tuple[Any, Any], list[Any]] = {}  # (role, stage) -> [sum_s, max_s, n_0, ..., n_k], idle before it
+
+
+def record_idle(role: Any, stage: Any, seconds: float) -> None:
+    """A step's thread sat ``seconds`` idle before (role, stage) began (timeline/idle.py, with
+    spans and metrics on; the span log's thread only, so the lock costs training nothing)."""
+    bounds = BOUNDS
+    if not bounds:
+        return
+    with _STORES_LOCK:
+        key = _SERIES.get((role, stage), OTHER_KEY) if (role, stage) != ("step", "end") else ("step", "end")
+        into = _IDLE.get(key)
+        if into is None:
+            into = _IDLE[key] = [0.0, 0.0] + [0] * (len(bounds) + 1)
+        into[0] += seconds
+        into[1] = max(into[1], seconds)
+        into[bisect_left(bounds, seconds) + 2] += 1
+
+
+def idle_snapshot() -> dict[tuple[Any, Any], CellStats]:
+    """Idle time before each (role, stage), and before the step's end (``("step", "end")``)."""
+    with _STORES_LOCK:
+        return {k: CellStats(counts=tuple(v[2:]), sum_s=v[0], max_s=v[1]) for k, v in _IDLE.items()}
 
 
 def _fold() -> None:
@@ -295,6 +413,7 @@ def _after_fork_in_child() -> None:
     _STORES_LOCK = threading.Lock()
     _FOLDED.clear()
     WATCHED.reset()  # the parent's slow-step watch is not this process's
+    _IDLE.clear()
     me = threading.current_thread()
     kept = [(thread, cells) for thread, cells in _STORES if thread is me]
     for _, cells in kept:
@@ -302,6 +421,10 @@ def _after_fork_in_child() -> None:
             for cell in stages.values():
                 cell.clear()
     _STORES[:] = kept
+    _SPAN_LISTS.clear()  # a forked child (a DataLoader worker) records no spans
+    _LOCAL.__dict__.pop("spans", None)
+    _SPANS_ON.clear()
+    _choose_exit()
     _folding.clear()
     if BOUNDS:
         _folding.append(threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True))

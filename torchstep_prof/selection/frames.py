@@ -154,7 +154,10 @@ class Frame:
         # region returns at once only when the frame is idle and untimed (quiet); a timed frame
         # is screened, as the unresolved root frame is: regions take the path that checks both.
         metrics = config.metrics
-        self.metrics = metrics if metrics is not None and metrics.enable else None
+        self.metrics: Any = metrics if metrics is not None and metrics.enable else None
+        spans = config.spans  # spans on (timeline/span_log.py): regions are timed for their spans
+        if self.metrics is None and spans is not None and spans.enable:
+            self.metrics = spans
         # Live status on (live/open_regions.py): every region is shown while open, so none is quiet.
         self.live = not self.disabled and (config.stall is not None or config.on_demand is not None)
         self.quiet = self.idle and self.metrics is None and not self.live
@@ -307,10 +310,14 @@ def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: b
     else:
         hook_scope = parent_hook
     frame = Frame(config, hook_scope)
-    if frame.metrics is not None:  # the process's one endpoint starts with the first such frame
-        from ..region_metrics.endpoint import serve
+    if frame.metrics is config.metrics and config.metrics is not None:  # the process's one endpoint
+        from ..region_metrics.endpoint import serve  # starts with the first such frame
 
         serve(config)
+    if config.spans is not None and config.spans.enable:  # likewise its one span log
+        from ..timeline.span_log import start_span_log
+
+        start_span_log(config.spans.dir, config.process_role)
     from .missed_steps import ScheduleScope
 
     frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)

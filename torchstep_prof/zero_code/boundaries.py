@@ -195,7 +195,7 @@ class StepDriver:
         if self._timed:
             now = _recorder._perf()
             if self._open_step is None:  # no step block times this step
-                _recorder.record_step(now - self._step_t0, ended)
+                _recorder.record_step(now - self._step_t0, ended, self._step_t0)
             self._step_t0 = now
         if _LIVE.reporter is not None:  # live status: the status thread reads the step
             _LIVE.reporter.at_step(ended + 1)

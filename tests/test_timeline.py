@@ -1,0 +1,218 @@
+"""``torchstep-prof timeline``: span files read back, clocks aligned from anchors, each step's ledger.
+
+Real jobs (torchrun, 2 gloo ranks with two roles in each process) and hand-written span files
+(a job's shape made exact, a shifted clock, hostile files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchstep_prof.cli import main
+from torchstep_prof.timeline.clock import estimate_offsets
+from torchstep_prof.timeline.reading import Anchor
+
+from dist_helpers import WORKERS, run_torchrun, worker_env
+
+
+def _write(folder: Path, name: str, header: dict, batches: list[dict], ended: bool = True) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    lines = [{"kind": "process", "format": 1, **header}]
+    lines += [{"kind": "batch", "thread": "MainThread", "rank": header.get("rank", 0), **b} for b in batches]
+    if ended:
+        lines.append({"kind": "end", "at": 0})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _rl_job(folder: Path, steps: int = 3) -> None:
+    """A trainer that waits on two rollout replicas (the second 3 s slower), then updates."""
+    trainer, fast, slow = ({"spans": [], "steps": []} for _ in range(3))
+    for n in range(steps):
+        t = 1000.0 + 20 * n
+        for replica, seconds in ((fast, 3), (slow, 6)):
+            replica["spans"].append(["rollout", "generate", t, t + seconds])
+            replica["steps"].append([n, t, t + seconds])
+        trainer["spans"] += [["ref", "compute_log_prob", t + 6.1, t + 7], ["actor", "update", t + 7, t + 9]]
+        trainer["steps"].append([n, t, t + 9])
+    _write(folder, "spans-a-1.jsonl", {"host": "a", "pid": 1, "rank": 0, "world_size": 1, "process_role": "trainer"}, [trainer])
+    _write(folder, "spans-a-2.jsonl", {"host": "a", "pid": 2, "rank": 0, "world_size": 1, "process_role": "rollout"}, [fast])
+    _write(folder, "spans-a-3.jsonl", {"host": "a", "pid": 3, "rank": 0, "world_size": 1, "process_role": "rollout"}, [slow])
+
+
+def _timeline(folder: Path, capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["timeline", str(folder), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_verdict_names_the_idle_role_what_it_waited_for_and_the_slow_replica(tmp_path, capsys):
+    _rl_job(tmp_path)
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert code == 0
+    assert out.splitlines()[1] == (
+        "step 0: 9.0 s; trainer idle 6.1 s (68%) waiting for rollout/generate; "
+        "rollout pid 3 finished rollout/generate 3.0 s after the other"
+    )
+    assert "critical path: rollout/generate (rollout pid 3, 6.0 s) → ref/compute_log_prob (trainer, 900.0 ms) → actor/update (trainer, 2.0 s)" in out
+    assert "idle at 0 µs for 6.1 s: waited for rollout/generate on rollout pid 3" in out
+    code, out, _ = _timeline(tmp_path, capsys, "--json")
+    ledger = json.loads(out)
+    step = ledger["steps"][1]
+    trainer = next(p for p in step["processes"] if p["process"] == "trainer")
+    assert trainer["idle_s"] == pytest.approx(6.1) and not trainer["within_clock_error"]
+    assert dict(map(tuple, trainer["busy_by_region"])) == pytest.approx({"actor/update": 2.0, "ref/compute_log_prob": 0.9})
+    assert step["long_tails"][0] == {
+        "region": "rollout/generate", "process": "rollout pid 3", "past_median_s": 3.0, "longer_by_s": 3.0, "others": 1,
+        "within_clock_error": False,
+    }  # fmt: skip
+    assert [r["role"] for r in step["role_idle"]] == ["trainer", "rollout"]
+
+
+def test_clock_offsets_are_recovered_from_barriers_within_their_bound():
+    # b's clock runs 2 s ahead; each barrier's entries spread out, its exits within 1-4 ms.
+    anchors: dict[str, list[Anchor]] = {"a": [], "b": []}
+    for k in range(20):
+        t = 100.0 + k
+        late = k % 2  # who arrives last alternates: bounds close from both sides
+        anchors["a"].append(Anchor("barrier", k, t + (0.3 if late == 0 else 0.0), t + 0.3 + 0.001 * (k % 3 + 1)))
+        anchors["b"].append(Anchor("barrier", k, 2 + t + (0.3 if late == 1 else 0.0), 2 + t + 0.3 + 0.001 * (k % 4 + 1)))
+    clocks = estimate_offsets({"a": "n1", "b": "n2"}, anchors)
+    assert clocks.reference in ("a", "b")
+    shift = clocks.offset("b") - clocks.offset("a")
+    assert abs(shift - 2.0) <= clocks.pair_bound("a", "b") < 0.01
+    # No anchor, another host: no offset is claimed.
+    lonely = estimate_offsets({"a": "n1", "c": "n3"}, {"a": anchors["a"]})
+    assert lonely.bound("c") == float("inf") or lonely.bound("a") == float("inf")
+
+
+def test_processes_of_two_hosts_without_anchors_are_never_ordered(tmp_path, capsys):
+    _rl_job(tmp_path)
+    path = tmp_path / "spans-a-1.jsonl"
+    path.write_text(path.read_text().replace('"host": "a"', '"host": "b"'))
+    code, out, _ = _timeline(tmp_path, capsys, "--json")
+    ledger = json.loads(out)
+    assert any("no clock anchor links" in p for p in ledger["problems"])
+    trainer = next(p for p in ledger["steps"][0]["processes"] if p["process"].startswith("trainer"))
+    assert trainer["within_clock_error"]
+    assert "trainer" not in ledger["steps"][0]["verdict"].split(";")[1]
+
+
+@pytest.fixture(scope="module")
+def colocated_job(tmp_path_factory) -> Path:
+    """A torchrun job of 2 gloo ranks, actor and ref in each; rank 1's ref 0.3 s slower."""
+    folder = tmp_path_factory.mktemp("colocated")
+    run_torchrun(WORKERS / "timeline_worker.py", 2, [str(folder / "spans"), "6", "1", "0.3"], log_dir=folder).check()
+    return folder / "spans"
+
+
+def test_a_torchrun_job_with_colocated_roles_names_the_slow_rank_and_what_the_other_waited_for(colocated_job, capsys):
+    code, out, _ = _timeline(colocated_job, capsys, "--json")
+    assert code == 0
+    ledger = json.loads(out)
+    assert sorted(p["name"] for p in ledger["processes"]) == ["actor+ref rank 0", "actor+ref rank 1"]
+    assert all(p["bound_s"] < 0.05 for p in ledger["processes"])
+    assert [s["number"] for s in ledger["steps"]] == list(range(6))
+    for step in ledger["steps"][1:]:  # step 0 holds the ranks' start-up skew
+        rows = {p["process"]: p for p in step["processes"]}
+        fast, slow = rows["actor+ref rank 0"], rows["actor+ref rank 1"]
+        waits = [g for g in fast["gaps"] if g["waited_for"] == "ref/compute_log_prob"]
+        assert waits and waits[0]["waited_process"] == "actor+ref rank 1"
+        assert 0.25 < waits[0]["seconds"] < 0.6
+        assert fast["idle_s"] - slow["idle_s"] == pytest.approx(0.3, abs=0.1)
+        tail = step["long_tails"][0]
+        assert (tail["region"], tail["process"]) == ("ref/compute_log_prob", "actor+ref rank 1")
+        path = [(e["region"], e["process"]) for e in step["critical_path"]]
+        assert ("ref/compute_log_prob", "actor+ref rank 1") in path
+        assert path.index(("ref/compute_log_prob", "actor+ref rank 1")) < len(path) - 1  # something came after it
+        assert "waiting for ref/compute_log_prob" in step["verdict"]
+
+
+def test_a_clock_shifted_by_two_seconds_is_recovered_within_its_bound(colocated_job, tmp_path, capsys):
+    shifted = tmp_path / "spans"
+    shutil.copytree(colocated_job, shifted)
+    rank1 = next(p for p in shifted.iterdir() if json.loads(p.read_text().splitlines()[0])["rank"] == 1)
+    lines = []
+    for line in rank1.read_text().splitlines():  # as if rank 1 ran on another node whose clock is 2 s ahead
+        record = json.loads(line)
+        if record["kind"] == "process":
+            record["host"] = "node-b"
+        for key in ("spans", "steps", "anchors"):
+            for item in record.get(key, ()):
+                item[-2] += 2.0
+                item[-1] += 2.0
+        lines.append(json.dumps(record))
+    rank1.write_text("\n".join(lines) + "\n")
+    _, before, _ = _timeline(colocated_job, capsys, "--json")
+    _, after, _ = _timeline(shifted, capsys, "--json")
+    original, moved = json.loads(before), json.loads(after)
+    procs = {p["rank"]: p for p in moved["processes"]}
+    offset = procs[1]["offset_s"] - procs[0]["offset_s"]
+    bound = procs[1]["bound_s"] + procs[0]["bound_s"]
+    assert abs(offset - 2.0) <= bound < 0.05
+    for a, b in zip(original["steps"], moved["steps"]):
+        assert b["seconds"] == pytest.approx(a["seconds"], abs=2 * bound + 1e-3)
+        idle = {p["process"].split("@")[0]: p["idle_s"] for p in b["processes"]}
+        for p in a["processes"]:
+            assert idle[p["process"]] == pytest.approx(p["idle_s"], abs=2 * bound + 1e-3)
+
+
+def test_hostile_span_files_are_skipped_and_named_never_hang_or_crash(tmp_path):
+    _rl_job(tmp_path)
+    (tmp_path / "spans-cut-9.jsonl").write_bytes(
+        b'{"kind": "process", "format": 1, "host": "a", "pid": 9, "rank": 0}\n'
+        b'{"kind": "batch", "thread": "T", "spans": [["x", "y", 1000.0, 1001.0]]}\n'
+        b'{"kind": "batch", "thread": "T", "spans": [["x", "y", 1000.0, 10'
+    )
+    (tmp_path / "spans-junk-10.jsonl").write_bytes(
+        b'{"kind": "process", "host": "a", "pid": 10, "rank": 0}\n'
+        b'not json\n{"kind": "batch", "spans": "abc"}\n{"kind": "batch", "spans": [["r", "s", NaN, 1]]}\n'
+        b'{"kind": "batch", "thread": "T", "spans": [["\\u001b[2Jevil", "s\\n", 1000.5, 1000.6]]}\n'
+    )
+    with open(tmp_path / "spans-huge-11.jsonl", "wb") as huge:  # sparse: no disk used
+        huge.truncate(600 << 20)
+    os.mkfifo(tmp_path / "spans-fifo-12.jsonl")
+    os.symlink("/dev/zero", tmp_path / "spans-zero-13.jsonl")
+    (tmp_path / "spans-nohead-14.jsonl").write_text('{"kind": "batch", "spans": []}\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "torchstep_prof", "timeline", str(tmp_path)],
+        env=worker_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "Traceback" not in result.stderr
+    assert "spans-cut-9.jsonl: line 3 cut short" in out
+    assert "spans-huge-11.jsonl: bigger than" in out
+    assert "spans-fifo-12.jsonl: not a regular file (a FIFO)" in out
+    assert "spans-zero-13.jsonl: a symbolic link" in out
+    assert "spans-nohead-14.jsonl: no process line" in out
+    assert "spans-junk-10.jsonl: line 2 skipped" in out
+    assert "\x1b" not in out and "\\x1b[2Jevil/s\\n" in out
+    assert "step 1: 9.0 s; trainer idle 6.1 s (68%) waiting for rollout/generate" in out
+
+
+def test_an_empty_or_missing_folder_is_a_clear_error(tmp_path, capsys):
+    code, out, err = _timeline(tmp_path, capsys)
+    assert code == 1 and "no span file in" in err
+    with pytest.raises(SystemExit) as caught:
+        main(["timeline", str(tmp_path / "missing")])
+    assert caught.value.code == 2
+    assert "not a folder" in capsys.readouterr().err
+
+
+def test_anchors_that_contradict_each_other_are_reported():
+    # The same barrier seen 3 s apart by b, then 0 s apart: a clock stepped mid-run.
+    anchors = {
+        "a": [Anchor("barrier", 1, 10.0, 10.001), Anchor("barrier", 2, 20.0, 20.001)],
+        "b": [Anchor("barrier", 1, 13.0, 13.001), Anchor("barrier", 2, 20.0, 20.001)],
+    }
+    clocks = estimate_offsets({"a": "n1", "b": "n2"}, anchors)
+    assert clocks.inconsistent and "anchors contradict each other" in clocks.inconsistent[0]
+    assert clocks.bound("a") == clocks.bound("b") == float("inf")  # no offset is claimed for either

@@ -1,0 +1,156 @@
+"""One clock for every process: each one's offset from a reference process, with an error bound.
+
+Processes on different hosts disagree on wall time. What is known for sure is causality: a
+barrier (``tsp.clock_anchor``) is left by no process before every process has entered it. So
+for anchor ``k`` entered at ``e_p`` and left at ``x_q`` (each on its own clock, ``clock =
+true time + offset``), every pair gives ``offset_q - offset_p <= x_q - e_p``. Processes on one
+host share its clock: ``|offset_q - offset_p| <= SAME_HOST_S``. These are difference
+constraints; their shortest paths (Floyd–Warshall, over the processes) give, for each process,
+the interval its offset from the reference must lie in. The estimate is the interval's middle,
+the bound its half-width: the true offset is within the bound, not merely likely to be.
+
+A process no anchor or host links to the reference gets offset 0 and an infinite bound: its
+order against the others is never stated (the ledger says "within clock error").
+
+>>> from torchstep_prof.timeline.reading import Anchor
+>>> clocks = estimate_offsets(
+...     {"a": "n1", "b": "n2"},
+...     {"a": [Anchor("barrier", 1, 10.0, 10.5)], "b": [Anchor("barrier", 1, 12.2, 12.4)]},
+... )
+>>> round(clocks.offset("b"), 2), round(clocks.bound("b"), 2)
+(2.05, 0.35)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Hashable, Mapping, Sequence
+
+import attrs
+
+from .reading import Anchor
+
+__all__ = ["SAME_HOST_S", "ClockEstimate", "estimate_offsets"]
+
+SAME_HOST_S = 0.001
+"""How far two processes of one host may disagree: each turns its monotonic clock into wall
+time with its own reading of both, taken when its span log starts (microseconds apart)."""
+CONVERSION_S = 0.0001
+"""Added to every anchor's constraint: the same conversion, on each side of it."""
+MAX_ANCHORS_PER_NAME = 512
+"""Anchors of one name used at most (spread over the run): the bound gains little past a few dozen."""
+
+
+@attrs.frozen(kw_only=True)
+class ClockEstimate:
+    """Each process's offset from ``reference`` (its clock minus the reference's) and its bound.
+
+    ``inconsistent`` names the processes whose anchors contradict each other (a clock stepped
+    or drifting, or anchors of one name that are not one barrier): no offset fits them all, so
+    theirs is unknown (offset 0, bound infinite), as for a process no anchor links.
+    """
+
+    reference: Hashable
+    offsets: Mapping[Hashable, float]
+    bounds: Mapping[Hashable, float]
+    inconsistent: tuple[str, ...] = ()
+
+    def offset(self, process: Hashable) -> float:
+        return self.offsets.get(process, 0.0)
+
+    def bound(self, process: Hashable) -> float:
+        return self.bounds.get(process, math.inf)
+
+    def pair_bound(self, a: Hashable, b: Hashable) -> float:
+        """How wrong the order of an instant on ``a`` and one on ``b`` may be, in seconds."""
+        return 0.0 if a == b else self.bound(a) + self.bound(b)
+
+
+def estimate_offsets(hosts: Mapping[Hashable, str], anchors: Mapping[Hashable, Sequence[Anchor]]) -> ClockEstimate:
+    """Offsets of every process of ``hosts`` (process -> host name) from the anchors each saw."""
+    names = list(hosts)
+    if not names:
+        return ClockEstimate(reference=None, offsets={}, bounds={})
+    index = {p: i for i, p in enumerate(names)}
+    n = len(names)
+    inf = math.inf
+    # c[i][j]: the least upper bound found for offset_j - offset_i.
+    c = [[0.0 if i == j else inf for j in range(n)] for i in range(n)]
+    by_host: dict[str, list[int]] = {}
+    for p, host in hosts.items():
+        by_host.setdefault(host, []).append(index[p])
+    for members in by_host.values():
+        for i in members:
+            for j in members:
+                if i != j:
+                    c[i][j] = min(c[i][j], SAME_HOST_S)
+    seen: dict[tuple[str, int], list[tuple[int, Anchor]]] = {}
+    for p, found in anchors.items():
+        if p not in index:
+            continue
+        for anchor in found:
+            seen.setdefault((anchor.name, anchor.seq), []).append((index[p], anchor))
+    for key in _spread(seen):
+        group = seen[key]
+        if len(group) < 2:
+            continue
+        for i, entered in group:
+            for j, left in group:
+                if i != j:
+                    c[i][j] = min(c[i][j], left.end - entered.start + CONVERSION_S)
+    d = _shortest_paths(c)
+    inconsistent = tuple(
+        f"{names[i]}: anchors contradict each other by {-d[i][i]:.6f} s" for i in range(n) if d[i][i] < 0
+    )
+    broken = {i for i in range(n) if d[i][i] < 0}
+    reference = _reference(d, n, broken)
+    offsets: dict[Hashable, float] = {}
+    bounds: dict[Hashable, float] = {}
+    for p, i in index.items():
+        hi, lo = d[reference][i], -d[i][reference]
+        if math.isinf(hi) or math.isinf(lo) or i in broken:  # unknown, or no offset fits every anchor
+            offsets[p], bounds[p] = 0.0, inf
+            continue
+        offsets[p] = (hi + lo) / 2
+        bounds[p] = abs(hi - lo) / 2
+    return ClockEstimate(reference=names[reference], offsets=offsets, bounds=bounds, inconsistent=inconsistent)
+
+
+def _spread(seen: Mapping[tuple[str, int], list]) -> list[tuple[str, int]]:
+    """The anchor keys to use: every one, or at most MAX_ANCHORS_PER_NAME of a name, evenly spread."""
+    by_name: dict[str, list[tuple[str, int]]] = {}
+    for key in sorted(seen):
+        by_name.setdefault(key[0], []).append(key)
+    chosen = []
+    for keys in by_name.values():
+        if len(keys) > MAX_ANCHORS_PER_NAME:
+            step = len(keys) / MAX_ANCHORS_PER_NAME
+            keys = [keys[int(k * step)] for k in range(MAX_ANCHORS_PER_NAME)]
+        chosen += keys
+    return chosen
+
+
+def _shortest_paths(c: list[list[float]]) -> list[list[float]]:
+    n = len(c)
+    d = [row[:] for row in c]
+    for k in range(n):
+        dk = d[k]
+        for i in range(n):
+            dik = d[i][k]
+            if dik == math.inf:
+                continue
+            di = d[i]
+            for j in range(n):
+                via = dik + dk[j]
+                if via < di[j]:
+                    di[j] = via
+    return d
+
+
+def _reference(d: list[list[float]], n: int, broken: set[int]) -> int:
+    """The process linked to the most others (the first such, anchors consistent if any is):
+    its clock is the timeline's."""
+    return max(
+        range(n),
+        key=lambda i: (i not in broken, sum(1 for j in range(n) if d[i][j] < math.inf and d[j][i] < math.inf), -i),
+    )
