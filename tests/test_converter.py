@@ -16,7 +16,7 @@ from torchstep_prof.config.model import FinishHookConfig, OnDemandConfig, Profil
 from torchstep_prof.config.converter import _converter, from_dict, schema, to_dict
 from torchstep_prof.errors import ConfigError
 
-ALL_TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace"
+ALL_TOP_KEYS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace, stall, spans"
 SCHEDULE_KEYS = "steps, skip_first, wait, warmup, active, repeat"
 HOOK_KEYS = "cmd, ranks, all_ranks, per_node, node_wait_s, timeout_s, relocate, wait"
 CONTENTS = "cpu, cuda, memory, shapes, stack, flops, modules, nvtx, memory_snapshot"
@@ -63,6 +63,8 @@ def test_to_dict_keeps_none_and_every_key() -> None:
         "on_demand": None,
         "metrics": None,
         "auto_trace": None,
+        "stall": None,
+        "spans": None,
     }
     assert to_dict(OnDemandConfig(dir="/d")) == {"dir": "/d", "poll_s": 1.0}
     hook = to_dict(FinishHookConfig(cmd=("echo", "hi")))

@@ -159,13 +159,13 @@ def test_reading_an_unchanged_environment_is_cheap(tmp_path: Path) -> None:
             {ENV_CONFIG: "bad.yaml"},
             ["TORCHSTEP_PROF_CONFIG=bad.yaml: schedule.wait: must be >= 0 (got -1)",
              "TORCHSTEP_PROF_CONFIG=bad.yaml: colour: unknown key (allowed: enable, save_path, discrete, gzip, "
-             "summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace)"],
+             "summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace, stall, spans)"],
         ),
         (
             {ENV_CONFIG: "bad.yaml", ENV_OVERRIDES: "gzip=2 shedule.wait=1"},
             ["TORCHSTEP_PROF_CONFIG=bad.yaml: schedule.wait: must be >= 0 (got -1)",
              "TORCHSTEP_PROF_CONFIG=bad.yaml: colour: unknown key (allowed: enable, save_path, discrete, gzip, "
-             "summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace)",
+             "summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace, stall, spans)",
              "TORCHSTEP_PROF_OVERRIDES: shedule: unknown key in override 'shedule.wait=1' (did you mean 'schedule'?)",
              "TORCHSTEP_PROF_OVERRIDES: gzip: must be true or false (got 2)"],
         ),
@@ -214,7 +214,7 @@ def test_five_bad_overrides_are_all_listed_as_apply_overrides_lists_them() -> No
     [
         ("schedule.wait=-1 gzip=2 nosuch=1 ranks=[-2] finish_hook.timeout_s=-3",
          ["nosuch: unknown key in override 'nosuch=1' (allowed: enable, save_path, discrete, gzip, summary, "
-          "process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace)",
+          "process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace, stall, spans)",
           "gzip: must be true or false (got 2)",
           "ranks[0]: must be >= 0 (got -2)",
           "schedule.wait: must be >= 0 (got -1)",

@@ -13,7 +13,7 @@ from torchstep_prof import ProfilerConfig, ScheduleConfig
 from torchstep_prof.errors import ConfigError
 
 CONTENTS = "cpu, cuda, memory, shapes, stack, flops, modules, nvtx, memory_snapshot"
-FIELDS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace"
+FIELDS = "enable, save_path, discrete, gzip, summary, process_role, ranks, all_ranks, contents, schedule, finish_hook, on_demand, metrics, auto_trace, stall, spans"
 PATH_RULE = "allowed: a path without '\"', '\\' or control characters"
 
 BAD_CALLS: list[tuple[Callable[[], Any], list[str]]] = [
