@@ -35,7 +35,7 @@ LAYERS: Sequence[tuple[str, Sequence[str]]] = (
     ("writing", ("writing",)),
     ("after a trace", ("hook", "summary", "region_metrics", "triggers", "slow_steps", "live", "timeline")),
     ("engine", ("engine", "process_exit")),
-    ("training code's API", ("regions", "scopes", "slow_steps.scope")),
+    ("training code's API", ("regions", "scopes")),
     ("entry points and analysis", ("zero_code", "integrations", "startup", "traces.analysis")),
     ("report", ("traces.report",)),
     ("command line", ("cli", "__main__")),

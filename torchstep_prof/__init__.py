@@ -46,7 +46,7 @@ _EXPORTS = {
     "TraceRecord": "summary.records",
     "TraceWriteWarning": "errors",
     "apply_overrides": "config.overrides",
-    "auto_trace": "slow_steps.scope",
+    "auto_trace": "scopes",
     "begin_step": "regions",
     "build_trace_name": "naming",
     "clock_anchor": "timeline.span_log",
@@ -142,8 +142,18 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .config.overrides import apply_overrides
     from .summary.records import HookRecord, ProfilingCosts, ProfilingRecords, TraceRecord, records
     from .regions import begin_step, end_step, profile_region, profiled, step
-    from .scopes import configure, contents, effective_config, metrics, on_demand, on_finish, ranks, schedule, stall
+    from .scopes import (
+        auto_trace,
+        configure,
+        contents,
+        effective_config,
+        metrics,
+        on_demand,
+        on_finish,
+        ranks,
+        schedule,
+        spans,
+        stall,
+    )
     from .summary.exit_table import print_summary
-    from .slow_steps.scope import auto_trace
-    from .scopes import spans
     from .timeline.span_log import clock_anchor

@@ -19,12 +19,23 @@ No torch here: the command line uses it too.
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import secrets
 import stat
 import tempfile
+from typing import Callable, TypeVar
 
-__all__ = ["SharedFileError", "create_exclusively", "make_private_folder", "read_capped", "replace_exclusively"]
+__all__ = [
+    "SharedFileError",
+    "create_exclusively",
+    "make_private_folder",
+    "read_capped",
+    "read_each",
+    "replace_exclusively",
+]
+
+T = TypeVar("T")
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -129,3 +140,21 @@ def _kind(mode: int) -> str:
         if test(mode):
             return kind
     return "not a regular file"
+
+
+def read_each(folder: str, pattern: str, read: Callable[[str], T], limit: int, what: str) -> tuple[list[T], list[str]]:
+    """``read`` of each file of ``folder`` named like ``pattern`` (the first ``limit`` by name, so a
+    folder flooded with files costs a bounded read), and a line for each file that is not one
+    (``read`` raised OSError or ValueError) and for the files left unread.
+    """
+    found: list[T] = []
+    bad: list[str] = []
+    paths = sorted(glob.glob(os.path.join(glob.escape(folder), pattern)))
+    if len(paths) > limit:
+        bad.append(f"{folder}: {len(paths)} {what} files; only the first {limit} are read")
+    for path in paths[:limit]:
+        try:
+            found.append(read(path))
+        except (OSError, ValueError) as exc:
+            bad.append(f"{path}: {exc}" if path not in str(exc) else str(exc))
+    return found, bad

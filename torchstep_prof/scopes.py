@@ -1,7 +1,7 @@
-"""Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, stall, metrics, spans, configure.
+"""Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, stall, metrics, spans, auto_trace, configure.
 
 Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
-``on_demand()``, ``stall()``, ``metrics()``, ``spans()``, ``configure()``.
+``on_demand()``, ``stall()``, ``metrics()``, ``spans()``, ``auto_trace()``, ``configure()``.
 
 Each scope pushes a frame (``selection/frames.py``) for its block and tells the engine it was entered
 (warm up) and exited (finish hooks, missed steps). Scopes are entered rarely, so they are
@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar, Union, 
 from ._wrapping import around_each_call
 from .config._scope_fields import evolve_checked
 from .config.model import (
+    AutoTraceConfig,
     DEFAULT_BUCKETS,
     DEFAULT_HOOK_TIMEOUT_S,
     DEFAULT_METRICS_PORT,
@@ -37,6 +38,7 @@ from .selection.frames import _STACK, current_frame, frame_for
 
 __all__ = [
     "Scope",
+    "auto_trace",
     "configure",
     "contents",
     "effective_config",
@@ -329,6 +331,44 @@ def spans(dir: Union[str, os.PathLike[str]], *, enable: bool = True) -> Scope:
     except ConfigError as exc:  # spans.dir, as the config file names it
         raise exc.under("spans") from None
     return Scope({"spans": config})
+
+
+def auto_trace(
+    on: str = "step",
+    *,
+    factor: float = 2.0,
+    min_ms: float = 10.0,
+    baseline_steps: int = 50,
+    next: int = 2,
+    peers: int = 1,
+    cooldown_steps: int = 200,
+    max_traces_per_hour: int = 6,
+    max_bytes: int = 1 << 30,
+) -> Scope:
+    """Trace slow steps by themselves while this scope lasts: a step (or the region
+    ``"<role>/<stage>"``) over ``factor`` x its rolling median, and ``min_ms`` over it, makes this
+    rank trace its next ``next`` steps and ask ``peers`` ranks that did not slow to trace them
+    too. Inside ``tsp.metrics`` and ``tsp.on_demand`` scopes (it reads their timings and folder).
+
+    >>> import torchstep_prof as tsp
+    >>> with tsp.metrics(), tsp.on_demand("/shared/job7/on_demand"), tsp.auto_trace(factor=3):  # doctest: +SKIP
+    ...     train()
+    """
+    try:
+        config = AutoTraceConfig(
+            on=on,
+            factor=factor,
+            min_ms=min_ms,
+            baseline_steps=baseline_steps,
+            next=next,
+            peers=peers,
+            cooldown_steps=cooldown_steps,
+            max_traces_per_hour=max_traces_per_hour,
+            max_bytes=max_bytes,
+        )
+    except ConfigError as exc:  # auto_trace.factor, as the config file names it
+        raise exc.under("auto_trace") from None
+    return Scope({"auto_trace": config})
 
 
 def configure(config: Union[ProfilerConfig, str, os.PathLike[str], None] = None, **fields: Any) -> Scope:

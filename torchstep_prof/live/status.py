@@ -9,7 +9,6 @@ type and range, and what is printed of it is escaped by the command.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -17,7 +16,7 @@ from typing import Any, Optional
 
 import attrs
 
-from .._shared_files import read_capped
+from .._shared_files import read_capped, read_each
 from ..naming import fit_label, sanitize_label
 
 __all__ = [
@@ -186,15 +185,6 @@ def read_live(path: str) -> LiveStatus:
 def read_lives(folder: str) -> tuple[list[LiveStatus], list[str]]:
     """Every rank's live status in ``folder``, by rank and role, and a line for each file that
     is not one."""
-    found: list[LiveStatus] = []
-    bad: list[str] = []
-    paths = sorted(glob.glob(os.path.join(glob.escape(folder), "live-rank*.json")))
-    if len(paths) > MAX_LIVE_FILES:
-        bad.append(f"{folder}: {len(paths)} live status files; only the first {MAX_LIVE_FILES} are read")
-    for path in paths[:MAX_LIVE_FILES]:
-        try:
-            found.append(read_live(path))
-        except (OSError, ValueError) as exc:
-            bad.append(f"{path}: {exc}" if path not in str(exc) else str(exc))
+    found, bad = read_each(folder, "live-rank*.json", read_live, MAX_LIVE_FILES, "live status")
     found.sort(key=lambda s: (s.rank, s.role or ""))
     return found, bad

@@ -8,7 +8,6 @@ already served there is never served again. No torch here.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -16,7 +15,7 @@ from typing import Any, Optional
 
 import attrs
 
-from .._shared_files import read_capped
+from .._shared_files import read_capped, read_each
 from ..naming import fit_label, sanitize_label
 
 __all__ = [
@@ -123,16 +122,7 @@ def read_status(path: str) -> RankStatus:
 
 def read_statuses(folder: str) -> tuple[list[RankStatus], list[str]]:
     """Every rank's status in ``folder``, by rank, and a line for each file that is not one."""
-    found: list[RankStatus] = []
-    bad: list[str] = []
-    paths = sorted(glob.glob(os.path.join(glob.escape(folder), "status-rank*.json")))
-    if len(paths) > MAX_STATUS_FILES:
-        bad.append(f"{folder}: {len(paths)} status files; only the first {MAX_STATUS_FILES} are read")
-    for path in paths[:MAX_STATUS_FILES]:
-        try:
-            found.append(read_status(path))
-        except (OSError, ValueError) as exc:
-            bad.append(f"{path}: {exc}" if path not in str(exc) else str(exc))
+    found, bad = read_each(folder, "status-rank*.json", read_status, MAX_STATUS_FILES, "status")
     found.sort(key=lambda s: (s.rank, s.role or ""))
     return found, bad
 
