@@ -1,80 +1,26 @@
-"""Selected steps that never ran, per schedule scope, kept as ranges.
-
-The steps a scope saw are kept as ranges; at its end, the selected ones it did not see are
-reported, as ranges.
+"""Selected steps that never ran, per schedule scope: the exit summary's "never ran" line.
 
 A schedule scope is the frame that introduced a schedule: a scope whose effective schedule
 differs (by value) from its parent's, or the root frame with a schedule from the environment.
 Scopes inside it with the same schedule share its record, so an unrelated ``contents()`` scope
-neither reports steps early nor hides another phase's missed steps. Memory grows with the number
-of gaps between the steps seen, never with the schedule's size.
+neither reports steps early nor hides another phase's missed steps. The steps seen are kept as
+ranges: memory grows with the gaps between them, never with the schedule's size.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
-from typing import Iterator, Optional, Tuple
+from typing import Optional, Tuple
 
 import attrs
 
 from ..config.model import ScheduleConfig
 from ..summary.records import MAX_MISSED_RANGES
-from .rules import count_selected, last_selected_step, selected_ranges
+from .rules import NO_END, count_selected, last_selected_step, selected_ranges
 
-__all__ = ["MissedSteps", "ScheduleScope", "StepRanges"]
-
-
-class StepRanges:
-    """A set of step numbers as sorted, disjoint ``[first, last]`` ranges (cheap for a loop that
-    counts up: adding the next step widens the last range)."""
-
-    __slots__ = ("_firsts", "_lasts")
-
-    def __init__(self) -> None:
-        self._firsts: list[int] = []
-        self._lasts: list[int] = []
-
-    def add(self, step: int) -> None:
-        firsts, lasts = self._firsts, self._lasts
-        if lasts and firsts[-1] <= step <= lasts[-1] + 1:  # the usual case: the same or next step
-            lasts[-1] = max(lasts[-1], step)
-            return
-        i = bisect.bisect_right(firsts, step)  # ranges[i-1] starts at or before step
-        if i and step <= lasts[i - 1] + 1:
-            if step <= lasts[i - 1]:
-                return
-            lasts[i - 1] = step
-            if i < len(firsts) and firsts[i] == step + 1:  # it closed a gap: merge
-                lasts[i - 1] = lasts.pop(i)
-                firsts.pop(i)
-            return
-        if i < len(firsts) and firsts[i] == step + 1:
-            firsts[i] = step
-            return
-        firsts.insert(i, step)
-        lasts.insert(i, step)
-
-    def __contains__(self, step: int) -> bool:
-        i = bisect.bisect_right(self._firsts, step)
-        return bool(i) and step <= self._lasts[i - 1]
-
-    def ranges(self) -> list[tuple[int, int]]:
-        return list(zip(self._firsts, self._lasts))
-
-    def gaps(self, first: int, last: int) -> Iterator[tuple[int, int]]:
-        """The ranges of ``first..last`` holding no step of this set."""
-        start = first
-        for a, b in zip(self._firsts, self._lasts):
-            if b < start:
-                continue
-            if a > last:
-                break
-            if a > start:
-                yield start, a - 1
-            start = b + 1
-        if start <= last:
-            yield start, last
+__all__ = ["MissedSteps", "ScheduleScope"]
 
 
 @attrs.frozen
@@ -96,7 +42,7 @@ class ScheduleScope:
 
     def __init__(self, schedule: ScheduleConfig) -> None:
         self.schedule = schedule
-        self._seen = StepRanges()
+        self._seen: list[list[int]] = []  # sorted, disjoint, non-adjacent [first, last] ranges
         self._lock = threading.Lock()
 
     @staticmethod
@@ -112,7 +58,15 @@ class ScheduleScope:
     def saw(self, step: int) -> None:
         """``step`` ran (selected, on this rank) under this scope."""
         with self._lock:
-            self._seen.add(step)
+            seen = self._seen
+            if seen and seen[-1][0] <= step <= seen[-1][1] + 1:  # the usual case: the same or next step
+                seen[-1][1] = max(seen[-1][1], step)
+                return
+            i = bisect.bisect(seen, [step, NO_END])  # the ranges before i start at or before step
+            seen.insert(i, [step, step])
+            for j in (i, i - 1):  # join the new range to the next one, then the previous one to it
+                if 0 <= j < len(seen) - 1 and seen[j + 1][0] <= seen[j][1] + 1:
+                    seen[j][1] = max(seen[j][1], seen.pop(j + 1)[1])
 
     def missed(self) -> MissedSteps:
         """The steps a finite schedule selected that this scope never saw (nothing for a
@@ -120,17 +74,12 @@ class ScheduleScope:
         last = last_selected_step(self.schedule)
         if last is None:
             return MissedSteps()
-        with self._lock:
-            gaps = list(self._seen.gaps(0, last))
+        with self._lock:  # the gaps between the steps seen, from step 0 to the last selected
+            gaps = zip([0] + [b + 1 for _, b in self._seen], [a - 1 for a, _ in self._seen] + [last])
         listed: list[tuple[int, int]] = []
-        unlisted = 0
-        for gap_first, gap_last in gaps:
-            if len(listed) < MAX_MISSED_RANGES:
-                for first, end in selected_ranges(self.schedule, gap_first, gap_last):
-                    if len(listed) == MAX_MISSED_RANGES:
-                        unlisted += count_selected(self.schedule, first, gap_last)
-                        break
-                    listed.append((first, end))
-            else:
-                unlisted += count_selected(self.schedule, gap_first, gap_last)
-        return MissedSteps(tuple(listed), unlisted)
+        total = 0
+        for first, end in gaps:
+            end = min(end, last)
+            total += count_selected(self.schedule, first, end)
+            listed += itertools.islice(selected_ranges(self.schedule, first, end), MAX_MISSED_RANGES - len(listed))
+        return MissedSteps(tuple(listed), total - sum(b - a + 1 for a, b in listed))
