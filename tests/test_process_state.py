@@ -20,7 +20,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "torchstep_prof"
 # Look like state to the scan, hold none: filled once at import and never changed.
 CONSTANTS = {
     ("", "_EXPORTS"): "the public API's names and where each lives",
-    ("config._scope_fields", "_SECTIONS"): "the scopes' config sections",
     ("config.converter", "_STAND_INS"): "type names shown in error messages",
     ("config.environment", "_EMPTY"): "the empty layer (frozen)",
     ("config.files", "CONFIG_FORMATS"): "file suffixes and their formats",

@@ -6,25 +6,8 @@ from typing import Any, Mapping, Optional
 
 import attrs
 
-from .model import (
-    AutoTraceConfig,
-    FinishHookConfig,
-    MetricsConfig,
-    OnDemandConfig,
-    ProfilerConfig,
-    ScheduleConfig,
-    SpansConfig,
-    StallConfig,
-)
+from .model import ProfilerConfig
 from ..errors import ConfigError, Problem
-
-_FIELD_NAMES = tuple(a.name for a in attrs.fields(ProfilerConfig))
-_SECTIONS = {
-    "schedule": ScheduleConfig, "finish_hook": FinishHookConfig, "on_demand": OnDemandConfig, "metrics": MetricsConfig,
-    "auto_trace": AutoTraceConfig,
-    "stall": StallConfig,
-    "spans": SpansConfig,
-}  # fmt: skip
 
 
 def evolve_checked(
@@ -32,16 +15,17 @@ def evolve_checked(
 ) -> ProfilerConfig:
     """``base`` with ``fields`` set; one ``ConfigError`` listing every problem (unknown keys,
     bad values, bad sections, plus any already in ``problems``), as a config file gets."""
-    from .converter import from_dict, suggest
+    from .converter import from_dict, schema, suggest
 
+    sections = schema(ProfilerConfig)  # each key, and its section class (None: a plain value)
     problems = list(problems or ())
     values: dict[str, Any] = {}
     for name, value in fields.items():
-        if name not in _FIELD_NAMES:
-            problems.append(Problem(name, f"unknown key ({suggest(name, _FIELD_NAMES)})"))
-        elif name in _SECTIONS and isinstance(value, Mapping):
+        if name not in sections:
+            problems.append(Problem(name, f"unknown key ({suggest(name, sections)})"))
+        elif (section := sections[name]) is not None and isinstance(value, Mapping):
             try:
-                values[name] = from_dict(value, _SECTIONS[name])
+                values[name] = from_dict(value, section)
             except ConfigError as exc:
                 problems += exc.under(name).problems
         else:
