@@ -22,7 +22,6 @@ __all__ = [
     "op_stats_by_region",
     "outer_ranges",
     "region_ranges",
-    "region_roles",
     "region_time",
     "top_ops",
     "top_ops_by_region",
@@ -138,12 +137,6 @@ def absurd_times(events: list[Any]) -> tuple[int, str]:
                     first = f"{str(event.get('name', ''))[:60]!r} {key}={shown}"
                 break
     return count, first
-
-
-def region_roles(events: list[Any]) -> list[str]:
-    """The roles of the region ranges (``<role>/<stage>``) in ``events``, in order of first
-    appearance, as written (raw labels)."""
-    return list(dict.fromkeys(r.name.split("/", 1)[0] for r in region_ranges(events)))
 
 
 @attrs.frozen(kw_only=True)
