@@ -42,7 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which = parser.add_argument_group("which steps (an explicit list, or torch.profiler's cycle)")
     which.add_argument("--steps", metavar="LIST", type=_int_list("--steps"), help="steps to profile: 3,5 or 2-4")
     for name in ("skip-first", "wait", "warmup", "active", "repeat"):
-        which.add_argument(f"--{name}", metavar="N", type=_int("--" + name), help=f"schedule.{name.replace('-', '_')}")
+        which.add_argument(
+            f"--{name}", metavar="N", type=_number("--" + name), help=f"schedule.{name.replace('-', '_')}"
+        )
     which.add_argument(
         "--on-demand", metavar="DIR", help="also serve `torchstep-prof trigger DIR` requests (no --steps needed)"
     )
@@ -54,14 +56,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument(
         "--stall-after",
         metavar="S",
-        type=_seconds("--stall-after"),
+        type=_number("--stall-after", float, "a number of seconds"),
         help="keep each rank's live status (`torchstep-prof status`) and report a rank with no new step "
         "for S seconds (docs/stall.md; no --steps needed)",
     )
     which.add_argument(
         "--step-every",
         metavar="K",
-        type=_int("--step-every"),
+        type=_number("--step-every"),
         default=1,
         help="K optimizer steps make one step (gradient accumulation, several optimizers)",
     )
@@ -95,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument(
         "--metrics-port",
         metavar="PORT",
-        type=_int("--metrics-port"),
+        type=_number("--metrics-port"),
         help="serve region and step metrics for Prometheus on PORT + LOCAL_RANK (metrics.port)",
     )
     out.add_argument(
@@ -124,22 +126,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run, run_parser=parser)
 
 
-def _seconds(option: str) -> Any:
-    def parse(text: str) -> float:
+def _number(option: str, kind: type = int, what: str = "an integer") -> Any:
+    """An argparse ``type`` reading ``kind``; a bad value names the option: ``--wait: 'x' is not an integer``."""
+
+    def parse(text: str) -> Any:
         try:
-            return float(text)
+            return kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{option}: {text!r} is not a number of seconds") from None
-
-    return parse
-
-
-def _int(option: str) -> Any:
-    def parse(text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{option}: {text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{option}: {text!r} is not {what}") from None
 
     return parse
 

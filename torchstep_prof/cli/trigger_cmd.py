@@ -36,7 +36,7 @@ alone makes it) or no running rank polls it, 2 a usage error.
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``trigger`` subcommand."""
-    from .run_cmd import _int, _int_list
+    from .run_cmd import _int_list, _number
 
     parser = subparsers.add_parser(
         "trigger",
@@ -47,11 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("dir", metavar="DIR", help="the job's on_demand.dir")
     parser.add_argument("--status", action="store_true", help="show each rank's step and the requests it served")
-    parser.add_argument("--next", metavar="N", type=_int("--next"), default=1, help="how many steps (default 1)")
+    parser.add_argument("--next", metavar="N", type=_number("--next"), default=1, help="how many steps (default 1)")
     parser.add_argument(
-        "--align", metavar="K", type=_int("--align"), default=1, help="the first step is a multiple of K (default 1)"
+        "--align", metavar="K", type=_number("--align"), default=1, help="the first step is a multiple of K (default 1)"
     )
-    parser.add_argument("--at", metavar="STEP", type=_int("--at"), help="the first step, instead of the rule")
+    parser.add_argument("--at", metavar="STEP", type=_number("--at"), help="the first step, instead of the rule")
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--ranks", metavar="LIST", type=_int_list("--ranks"), help="global ranks that profile")
     who.add_argument("--all-ranks", action="store_true", help="every rank profiles (the default)")
