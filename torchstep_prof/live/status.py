@@ -9,7 +9,6 @@ type and range, and what is printed of it is escaped by the command.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any, Optional
@@ -17,7 +16,7 @@ from typing import Any, Optional
 import attrs
 
 from .._shared_files import read_capped, read_each
-from ..naming import fit_label, sanitize_label
+from ..triggers.status import role_suffix
 
 __all__ = [
     "MAX_LIVE_BYTES", "MAX_LIVE_FILES", "LiveStatus", "OpenEntry", "live_path", "read_live", "read_lives", "stall_path",
@@ -31,22 +30,13 @@ _MAX_ENTRIES = 64
 _MAX_TEXT = 300
 
 
-def _label(role: Optional[str]) -> str:
-    if not role:
-        return ""
-    try:
-        return "-" + fit_label(sanitize_label(role))
-    except ValueError:  # nothing left after sanitizing: a stable stand-in
-        return "-role+" + hashlib.sha1(role.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-
-
 def live_path(folder: str, rank: int, role: Optional[str] = None) -> str:
     """Where rank ``rank`` (of process role ``role``) keeps its live status.
 
     >>> live_path("/d", 3), live_path("/d", 0, "actor")
     ('/d/live-rank3.json', '/d/live-rank0-actor.json')
     """
-    return os.path.join(folder, f"live-rank{rank}{_label(role)}.json")
+    return os.path.join(folder, f"live-rank{rank}{role_suffix(role)}.json")
 
 
 def stall_path(folder: str, rank: int, role: Optional[str] = None) -> str:
@@ -55,7 +45,7 @@ def stall_path(folder: str, rank: int, role: Optional[str] = None) -> str:
     >>> stall_path("/d", 1)
     '/d/stall-rank1.txt'
     """
-    return os.path.join(folder, f"stall-rank{rank}{_label(role)}.txt")
+    return os.path.join(folder, f"stall-rank{rank}{role_suffix(role)}.txt")
 
 
 @attrs.frozen(kw_only=True)

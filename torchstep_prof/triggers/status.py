@@ -20,7 +20,7 @@ from ..naming import fit_label, sanitize_label
 
 __all__ = [
     "MAX_SERVED", "MAX_STATUS_BYTES", "MAX_STATUS_FILES", "STALE_S", "RankStatus", "is_stale", "read_statuses",
-    "status_path",
+    "role_suffix", "status_path",
 ]  # fmt: skip
 
 MAX_SERVED = 50  # requests kept in a status file (the newest): it stays small
@@ -30,22 +30,29 @@ MAX_STATUS_FILES = 4096
 """The most status files ``trigger`` reads in one folder (one per rank and role)."""
 
 
-def status_path(folder: str, rank: int, role: Optional[str] = None) -> str:
-    """Where rank ``rank`` (of process role ``role``) writes its status: always a file directly
-    in ``folder``, the role written as in trace file names.
+def role_suffix(role: Optional[str]) -> str:
+    """How a per-rank file name of this folder writes a process role: ``-<role>`` as trace file
+    names write it, a stable stand-in when nothing is left of it, ``''`` for no role.
 
-    >>> status_path("/d", 3)
-    '/d/status-rank3.json'
-    >>> status_path("/d", 0, "../../etc/actor")
-    '/d/status-rank0-etc-actor.json'
+    >>> role_suffix("../../etc/actor"), role_suffix(None)
+    ('-etc-actor', '')
     """
     if not role:
-        return os.path.join(folder, f"status-rank{rank}.json")
+        return ""
     try:
-        label = fit_label(sanitize_label(role))
+        return "-" + fit_label(sanitize_label(role))
     except ValueError:  # nothing left after sanitizing: a stable stand-in
-        label = "role+" + hashlib.sha1(role.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    return os.path.join(folder, f"status-rank{rank}-{label}.json")
+        return "-role+" + hashlib.sha1(role.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+def status_path(folder: str, rank: int, role: Optional[str] = None) -> str:
+    """Where rank ``rank`` (of process role ``role``) writes its status: always a file directly
+    in ``folder``.
+
+    >>> status_path("/d", 3), status_path("/d", 0, "actor")
+    ('/d/status-rank3.json', '/d/status-rank0-actor.json')
+    """
+    return os.path.join(folder, f"status-rank{rank}{role_suffix(role)}.json")
 
 
 @attrs.frozen(kw_only=True)
