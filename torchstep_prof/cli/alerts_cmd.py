@@ -62,6 +62,26 @@ def _watched(text: str) -> str:
     return text
 
 
+# The thresholds: option, parser, default, metavar, help (which says the default).
+_OPTIONS = (
+    ("--selector", _selector, "", "MATCHERS",
+     'label matchers every series must match, e.g. job="train" (default: none)'),
+    ("--stuck-after", _seconds, 600, "SECONDS", "a job with no step for this long is stuck (default 600)"),
+    ("--stuck-for", _duration, "1m", "DURATION", "and stays so this long before the alert fires (default 1m)"),
+    ("--straggler-on", _watched, "step", "step|ROLE/STAGE",
+     "compare ranks' step times, or a region's (one that excludes waiting for the other ranks names the "
+     "straggler in a synchronous job); default step"),
+    ("--straggler-factor", _factor, 1.25, "X", "a rank whose median is over X times its job's median (default 1.25)"),
+    ("--straggler-window", _duration, "5m", "DURATION", "medians over this window (default 5m)"),
+    ("--straggler-for", _duration, "5m", "DURATION", "for this long (default 5m)"),
+    ("--regression-factor", _factor, 1.5, "X",
+     "a region whose mean time is over X times its mean of the hour before (default 1.5)"),
+    ("--regression-window", _duration, "10m", "DURATION",
+     "the recent window compared with the hour before it (default 10m)"),
+    ("--regression-for", _duration, "10m", "DURATION", "for this long (default 10m)"),
+)  # fmt: skip
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``alerts`` subcommand."""
     parser = subparsers.add_parser(
@@ -70,69 +90,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=HELP + ". Thresholds are options; the YAML goes to standard output, for Prometheus' "
         "rule_files (check it with `promtool check rules`).",
     )
-    parser.add_argument(
-        "--selector",
-        type=_selector,
-        default="",
-        metavar="MATCHERS",
-        help='label matchers every series must match, e.g. job="train" (default: none)',
-    )
-    parser.add_argument(
-        "--stuck-after",
-        type=_seconds,
-        default=600,
-        metavar="SECONDS",
-        help="a job with no step for this long is stuck (default 600)",
-    )
-    parser.add_argument(
-        "--stuck-for",
-        type=_duration,
-        default="1m",
-        metavar="DURATION",
-        help="and stays so this long before the alert fires (default 1m)",
-    )
-    parser.add_argument(
-        "--straggler-on",
-        type=_watched,
-        default="step",
-        metavar="step|ROLE/STAGE",
-        help="compare ranks' step times, or a region's (one that excludes waiting "
-        "for the other ranks names the straggler in a synchronous job); default step",
-    )
-    parser.add_argument(
-        "--straggler-factor",
-        type=_factor,
-        default=1.25,
-        metavar="X",
-        help="a rank whose median is over X times its job's median (default 1.25)",
-    )
-    parser.add_argument(
-        "--straggler-window",
-        type=_duration,
-        default="5m",
-        metavar="DURATION",
-        help="medians over this window (default 5m)",
-    )
-    parser.add_argument(
-        "--straggler-for", type=_duration, default="5m", metavar="DURATION", help="for this long (default 5m)"
-    )
-    parser.add_argument(
-        "--regression-factor",
-        type=_factor,
-        default=1.5,
-        metavar="X",
-        help="a region whose mean time is over X times its mean of the hour before (default 1.5)",
-    )
-    parser.add_argument(
-        "--regression-window",
-        type=_duration,
-        default="10m",
-        metavar="DURATION",
-        help="the recent window compared with the hour before it (default 10m)",
-    )
-    parser.add_argument(
-        "--regression-for", type=_duration, default="10m", metavar="DURATION", help="for this long (default 10m)"
-    )
+    for flag, parse, default, metavar, text in _OPTIONS:
+        parser.add_argument(flag, type=parse, default=default, metavar=metavar, help=text)
     parser.add_argument("--severity", default="warning", metavar="LABEL",
                         help="the severity label of every rule (default warning)")  # fmt: skip
     parser.set_defaults(func=run)
