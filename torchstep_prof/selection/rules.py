@@ -238,38 +238,22 @@ def selected_ranges(schedule: Optional[ScheduleConfig], first: int, last: int) -
     """
     if schedule is None or last < first:
         return
-    if schedule.steps is not None:
-        ordered = sorted_steps(schedule.steps)
-        start = end = None
-        for index in range(bisect.bisect_left(ordered, first), len(ordered)):
-            n = ordered[index]
-            if n > last:
-                break
-            if end is not None and n == end + 1:
-                end = n
-                continue
-            if start is not None:
-                yield start, end  # type: ignore[misc]
-            start = end = n
-        if start is not None:
-            yield start, end  # type: ignore[misc]
+    if schedule.steps is None:  # the cycle's runs of recorded steps, clipped to first..last
+        plan = CyclePlan(schedule)
+        while first <= last:
+            _, end, action = plan.run_of(first)
+            if action is RECORD:
+                yield first, min(end - 1, last)
+            first = end
         return
-    idle = schedule.wait + schedule.warmup
-    cycle = idle + schedule.active
-    active, repeat = schedule.active, schedule.repeat
-    if idle == 0:  # back-to-back cycles: one range, however many cycles
-        active, cycle = (active * repeat, active * repeat) if repeat else (last + 1, last + 1)
-        repeat = 1
-    lead = schedule.skip_first + idle + 1  # the first recorded step of cycle 0
-    # The first cycle whose recorded steps reach ``first``, and the last that starts by ``last``.
-    index = max(0, -(-(first - lead - active + 1) // cycle))
-    final = (last - lead) // cycle
-    if repeat:
-        final = min(final, repeat - 1)
-    while index <= final:
-        begin = lead + index * cycle
-        yield max(begin, first), min(begin + active - 1, last)
-        index += 1
+    ordered = sorted_steps(schedule.steps)
+    at, stop = bisect.bisect_left(ordered, first), bisect.bisect_right(ordered, last)
+    while at < stop:  # a run of consecutive listed steps: ordered[at..end]
+        end = at
+        while end + 1 < stop and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        yield ordered[at], ordered[end]
+        at = end + 1
 
 
 def rank_selected(ranks: Sequence[int], all_ranks: bool, rank: int) -> bool:
