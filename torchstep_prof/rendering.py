@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["format_ms", "print_stripped", "safe_text", "strip_trailing_blanks", "wrap_label"]
+__all__ = ["format_ms", "format_size", "print_stripped", "safe_text", "strip_trailing_blanks", "wrap_label"]
 
 # C0 and C1 controls and DEL; tabs too (they break column alignment) and the Unicode line and
 # paragraph separators (some terminals and log viewers start a new line at them).
@@ -74,6 +74,19 @@ def format_ms(value: float) -> str:
 # A piece ends after a separator: "actor-" "compute-" "log-" "prob" ("/": a region's role/stage).
 _PIECE = re.compile(r"[^-/_. =+]*[-/_. =+]*")
 _ELLIPSIS = "…"
+
+
+def format_size(size: float) -> str:
+    """A byte count for a table cell, in B, KiB, MiB or GiB.
+
+    >>> format_size(512), format_size(5 * 2**20), format_size(3 * 2**40)
+    ('512 B', '5.0 MiB', '3072.0 GiB')
+    """
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
 
 
 def wrap_label(text: str, width: int) -> str:

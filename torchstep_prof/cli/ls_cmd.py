@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from . import _tracedir
-from ..rendering import format_ms, safe_text
+from ..rendering import format_ms, format_size, safe_text
 
 HELP = "one line per trace in DIR: role, stage, step, occurrence, rank, world size, pid, wall time, size, path"
 
@@ -64,7 +64,7 @@ def _print_columns(rows: Sequence[dict]) -> None:
             str(row["world"]),
             "-" if row["pid"] is None else str(row["pid"]),
             format_ms(row["wall_ms"]),
-            _size_text(row["size"]),
+            format_size(row["size"]),
             safe_text(row["path"]),
         ]
         for row in rows
@@ -76,11 +76,3 @@ def _print_columns(rows: Sequence[dict]) -> None:
             cell.rjust(width) if i in right else cell.ljust(width) for i, (cell, width) in enumerate(zip(line, widths))
         ]
         sys.stdout.write("  ".join(padded + [line[-1]]) + "\n")
-
-
-def _size_text(size: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if size < 1024 or unit == "MiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"  # pragma: no cover

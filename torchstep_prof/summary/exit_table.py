@@ -13,7 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
 
 from ..errors import TraceWriteWarning, warn
-from ..rendering import format_ms, print_stripped, safe_text, wrap_label
+from ..rendering import format_ms, format_size, print_stripped, safe_text, wrap_label
 from ..naming import TraceName, format_timestamp, parse_trace_name
 from .records import HookRecord, ProfilingRecords, TraceRecord, records
 
@@ -22,14 +22,6 @@ if TYPE_CHECKING:  # rich costs ~70 ms to import: only when a summary is printed
     from rich.table import Table
 
 __all__ = ["print_summary", "render_summary"]
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)  # pragma: no cover
 
 
 def _short_path(path: str) -> str:
@@ -197,7 +189,7 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         ("rank", "right", [str(t.rank) for t in shown]),
         ("wall ms", "right", [format_ms(t.wall_s * 1000) for t in shown]),
         *_gpu_column(shown),
-        ("size", "right", [_size(t.size_bytes) if t.ok else "-" for t in shown]),
+        ("size", "right", [format_size(t.size_bytes) if t.ok else "-" for t in shown]),
         ("file", "left", [safe_text(cell) for cell in files]),
     ]
     # The first layout rich fits in the console: two spaces between columns, then one, then
