@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,17 +43,19 @@ def _escaped(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
-def safe_text(text: object) -> str:
+def safe_text(text: object, limit: Optional[int] = None) -> str:
     """``text`` as a string in which every control character shows as an escape (``\\x1b``,
-    ``\\n``): one printed line, and nothing a terminal acts on.
+    ``\\n``): one printed line, and nothing a terminal acts on; with ``limit``, cut to at most
+    that many characters (ending in ``...``).
 
     >>> safe_text("req\\x1b[2J\\nfake line")
     'req\\\\x1b[2J\\\\nfake line'
-    >>> safe_text("actor/update")
-    'actor/update'
+    >>> safe_text("actor/update"), safe_text("actor/update", limit=8)
+    ('actor/update', 'actor...')
     """
     string = text if isinstance(text, str) else str(text)
-    return _UNSAFE.sub(_escaped, string) if _UNSAFE.search(string) else string
+    shown = _UNSAFE.sub(_escaped, string) if _UNSAFE.search(string) else string
+    return shown if limit is None or len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def format_ms(value: float) -> str:

@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any
 
+from ..rendering import safe_text
+
 __all__ = ["register", "status"]
 
 
@@ -37,7 +39,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def status(args: argparse.Namespace) -> int:
     from ..live.status import read_lives
     from ..live.verdict import as_json, verdict, view
-    from ..rendering import safe_text
 
     folder = os.path.abspath(args.dir)
     if not os.path.isdir(folder):
@@ -66,21 +67,12 @@ def status(args: argparse.Namespace) -> int:
         )
         return 1
     for line in lines:
-        print(_cut(line, 400))
+        print(safe_text(line, 400))
     print()
     _table(views, now)
     if args.stacks:
         _stacks(views)
     return 0
-
-
-def _cut(text: Any, limit: int) -> str:
-    """Text from a shared folder as printed: control characters escaped, at most ``limit`` long.
-    The one place this command prints such text."""
-    from ..rendering import safe_text
-
-    shown = safe_text(text)
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def _table(views: list[Any], now: float) -> None:
@@ -90,12 +82,12 @@ def _table(views: list[Any], now: float) -> None:
         region = s.regions[-1] if s.regions else None
         rows.append(
             (
-                _cut(s.name, 40), v.state + (f" ({v.age_s:.0f} s ago)" if v.state == "stale" else ""),
+                safe_text(s.name, 40), v.state + (f" ({v.age_s:.0f} s ago)" if v.state == "stale" else ""),
                 "-" if s.step is None else str(s.step),
-                _cut(f"{region.role}/{region.stage}", 60) if region else "-",
+                safe_text(f"{region.role}/{region.stage}", 60) if region else "-",
                 f"{max(0.0, now - region.since):.1f} s" if region else "-",
-                _cut(v.collective_text(), 40) if s.collective else "-",
-                _cut(s.where or "-", 120),
+                safe_text(v.collective_text(), 40) if s.collective else "-",
+                safe_text(s.where or "-", 120),
             )
         )  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -107,10 +99,10 @@ def _stacks(views: list[Any]) -> None:
     for v in views:
         s = v.status
         print()
-        print(_cut(f"{s.name}, pid {s.pid} on {s.host}: the training thread's stack (most recent call last)", 400))
+        print(safe_text(f"{s.name}, pid {s.pid} on {s.host}: the training thread's stack (most recent call last)", 400))
         if not s.stack:
             print("  (none recorded)")
         for frame in s.stack:
-            print(_cut(f'  File "{frame["file"]}", line {frame["line"]}, in {frame["function"]}', 400))
+            print(safe_text(f'  File "{frame["file"]}", line {frame["line"]}, in {frame["function"]}', 400))
             if frame["code"]:
-                print(_cut(f"    {frame['code']}", 400))
+                print(safe_text(f"    {frame['code']}", 400))

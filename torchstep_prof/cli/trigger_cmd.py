@@ -183,7 +183,7 @@ def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: 
     try:  # the steps a status file pushed out of bounds (a rank reporting step 2**60, say)
         parse_request(request.to_json())
     except ConfigError as exc:
-        print(f"torchstep-prof trigger: no request written: {_printable(exc, 400)}", file=sys.stderr)
+        print(f"torchstep-prof trigger: no request written: {safe_text(exc, 400)}", file=sys.stderr)
         return 1
     _note_unread(folder, running)
     path = write_request(folder, request)
@@ -218,13 +218,6 @@ def _note_unread(folder: str, running: list[Any]) -> None:
 _MAX_RATE_WAIT_S = 30.0  # however long the ranks say they poll: the command stays interactive
 
 
-def _printable(text: Any, limit: int = 200) -> str:
-    """Text from a shared folder (request ids, outcomes, paths) as printed: control characters
-    shown escaped, cut at ``limit`` characters. The one place this command prints such text."""
-    shown = safe_text(text)
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
-
-
 def _show_status(folder: str, statuses: list[Any]) -> None:
     from ..triggers.request import REQUEST_FILE, read_request
 
@@ -233,12 +226,12 @@ def _show_status(folder: str, statuses: list[Any]) -> None:
     if statuses:
         print(f"{'rank':<6}{'step':>8}{'age s':>8}{'steps/s':>9}  {'state':<8}requests served")
     for s in statuses:
-        rank = f"{s.rank}" + (f" {_printable(s.role, 80)}" if s.role else "")
+        rank = f"{s.rank}" + (f" {safe_text(s.role, 80)}" if s.role else "")
         step = "-" if s.step is None else str(s.step)
         rate = "-" if s.rate is None else f"{s.rate:.1f}"
         served = (
             "; ".join(
-                f"{_printable(e.get('id'), 80)} {_steps(e.get('steps'))}: {_printable(e.get('outcome'))}"
+                f"{safe_text(e.get('id'), 80)} {_steps(e.get('steps'))}: {safe_text(e.get('outcome'), 200)}"
                 for e in s.served[-5:]
             )
             or "none"
@@ -267,4 +260,4 @@ def _steps(steps: Any) -> str:
         return f"step {steps[0]}"
     if steps == list(range(steps[0], steps[0] + len(steps))):
         return f"steps {steps[0]}-{steps[-1]}"
-    return _printable(f"steps {steps}", 80)
+    return safe_text(f"steps {steps}", 80)
