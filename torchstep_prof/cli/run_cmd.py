@@ -184,24 +184,19 @@ def build_config(args: argparse.Namespace) -> Any:
     if any(v is not None for v in cycle.values()):
         chosen.append(field("schedule.steps", None))
         chosen += [field(f"schedule.{k}", v) for k, v in cycle.items() if v is not None]
-    if args.ranks is not None:
-        chosen.append(field("ranks", args.ranks))
-    if args.all_ranks:
-        chosen.append(field("all_ranks", True))
-    if args.contents is not None:
-        chosen.append(field("contents", [c.strip() for c in args.contents.split(",") if c.strip()]))
-    if args.save_path is not None:
-        chosen.append(field("save_path", args.save_path))
-    if args.gzip:
-        chosen.append(field("gzip", True))
-    if args.on_finish is not None:
-        chosen.append(field("finish_hook.cmd", args.on_finish))
-    if getattr(args, "on_demand", None) is not None:
-        chosen.append(field("on_demand.dir", args.on_demand))
-    if getattr(args, "stall_after", None) is not None:
-        chosen.append(field("stall.after_s", args.stall_after))
-    if args.metrics_port is not None:
-        chosen.append(field("metrics.port", args.metrics_port))
+    contents = None if args.contents is None else [c.strip() for c in args.contents.split(",") if c.strip()]
+    given = {  # the options that set one field to their value (None: not given)
+        "ranks": args.ranks,
+        "all_ranks": args.all_ranks or None,
+        "contents": contents,
+        "save_path": args.save_path,
+        "gzip": args.gzip or None,
+        "finish_hook.cmd": args.on_finish,
+        "on_demand.dir": getattr(args, "on_demand", None),
+        "stall.after_s": getattr(args, "stall_after", None),
+        "metrics.port": args.metrics_port,
+    }
+    chosen += [field(key, value) for key, value in given.items() if value is not None]
     if getattr(args, "auto_trace", False):
         chosen.append(field("auto_trace.on", "step"))
         if base.metrics is None and args.metrics_port is None:
