@@ -1,5 +1,7 @@
-"""Ray calls as clock anchors: a remote task runs after its caller submitted it and ends before
-the caller's ``ray.get`` returns, so each call bounds the two processes' clock offset.
+"""Ray calls as clock anchors for the job-wide timeline.
+
+A remote task runs after its caller submitted it and ends before the caller's ``ray.get``
+returns, so each call bounds the two processes' clock offset.
 
 Ray actors often share no torch.distributed group, so ``tsp.clock_anchor`` cannot align them;
 a call between two of them can. Note the caller's side with :func:`submit` and :func:`get`, and
