@@ -195,6 +195,7 @@ def test_hostile_span_files_are_skipped_and_named_never_hang_or_crash(tmp_path):
         b'{"kind": "process", "host": "a", "pid": 10, "rank": 0}\n'
         b'not json\n{"kind": "batch", "spans": "abc"}\n{"kind": "batch", "spans": [["r", "s", NaN, 1]]}\n'
         b'{"kind": "batch", "thread": "T", "spans": [["\\u001b[2Jevil", "s\\n", 1000.5, 1000.6]]}\n'
+        b'{"kind": "batch", "thread": "T", "spans": [], "ray": [["t1", "stolen", 1000.0, 1000.0]]}\n'
     )
     with open(tmp_path / "spans-huge-11.jsonl", "wb") as huge:  # sparse: no disk used
         huge.truncate(600 << 20)
@@ -214,6 +215,7 @@ def test_hostile_span_files_are_skipped_and_named_never_hang_or_crash(tmp_path):
     assert "spans-zero-13.jsonl: a symbolic link" in out
     assert "spans-nohead-14.jsonl: no process line" in out
     assert "spans-junk-10.jsonl: line 2 skipped" in out
+    assert "spans-junk-10.jsonl: line 6 skipped (ValueError: expected one of submitted, returned, ran" in out
     assert "\x1b" not in out and "\\x1b[2Jevil/s\\n" in out
     assert "step 1: 9.0 s; trainer idle 6.1 s (68%) waiting for rollout/generate" in out
 
