@@ -19,7 +19,8 @@ Then: ``torchstep-prof ls outputs/profile``.
 ``--timeline DIR`` runs a small asynchronous RL loop instead, every process logging its spans
 (``tsp.spans``) into DIR: two rollout replicas (the second slower by ``--slow-s``: the long
 tail), a reference actor, and a 2-rank trainer (gloo) whose ranks each wait on a replica and on
-the reference with ``ray.get``, then update and all-reduce. It prints what
+the reference with ``ray.get`` (through ``torchstep_prof.integrations.ray``, whose calls align
+the actors' clocks with the trainer's), then update and all-reduce. It prints what
 ``torchstep-prof timeline DIR`` says about it (docs/timeline.md):
 
     python examples/ray_roles.py --timeline /tmp/spans --steps 4
@@ -40,6 +41,7 @@ import torch
 from torch import nn
 
 import torchstep_prof as tsp
+from torchstep_prof.integrations import ray as tsp_ray
 
 VOCAB, HIDDEN, SEQ, BATCH = 64, 32, 12, 8
 # Workers per role, numbered in this order: rank 0, the node's uploader, is an actor worker.
@@ -116,6 +118,7 @@ class Rollout:
         self.scopes.enter_context(tsp.configure(process_role="rollout", summary=False))
         self.scopes.enter_context(tsp.spans(spans_dir))
 
+    @tsp_ray.anchored  # its run, against the trainer's submit and get, aligns this actor's clock
     def generate(self, n: int) -> torch.Tensor:
         with tsp.step(n), tsp.profile_region("rollout", "generate"), torch.no_grad():
             tokens = torch.randint(0, VOCAB, (BATCH, 4))
@@ -142,6 +145,7 @@ class Reference:
         self.scopes.enter_context(tsp.configure(process_role="ref", summary=False))
         self.scopes.enter_context(tsp.spans(spans_dir))
 
+    @tsp_ray.anchored
     def compute_log_prob(self, n: int, tokens: torch.Tensor) -> torch.Tensor:
         with tsp.step(n), tsp.profile_region("ref", "compute_log_prob"), torch.no_grad():
             time.sleep(0.05)
@@ -155,7 +159,8 @@ class Reference:
 @ray.remote(num_cpus=1)
 class Trainer:
     """One rank of a 2-rank gloo trainer: waits on its rollout replica and the reference with
-    ``ray.get`` (that wait is its idle time), updates, all-reduces, and passes a clock anchor."""
+    ``ray.get`` (that wait is its idle time), updates, all-reduces, and passes a clock anchor
+    (aligning the two ranks; its Ray calls align the actors it calls)."""
 
     def __init__(self, rank: int, world_size: int, port: int, spans_dir: str) -> None:
         import torch.distributed as dist
@@ -174,8 +179,10 @@ class Trainer:
         import torch.distributed as dist
 
         with tsp.step(n):
-            tokens = ray.get(rollouts[self.rank].generate.remote(n))  # idle: waiting for rollout/generate
-            ray.get(reference.compute_log_prob.remote(n, tokens))  # idle: waiting for ref/compute_log_prob
+            # ray.get(actor.method.remote(...)), each call's submission and return noted: the
+            # anchors that align the rollout and reference actors' clocks with this one's.
+            tokens = tsp_ray.get(tsp_ray.submit(rollouts[self.rank].generate, n))  # idle: waiting for rollout/generate
+            tsp_ray.get(tsp_ray.submit(reference.compute_log_prob, n, tokens))  # idle: waiting for ref/compute_log_prob
             with tsp.profile_region("actor", "update"):
                 logits = self.model(tokens[:, :-1])
                 loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))

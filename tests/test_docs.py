@@ -30,6 +30,7 @@ MODULES = sorted(
 # Integrations import their framework: without it installed, say so instead of failing.
 FRAMEWORKS = {
     "torchstep_prof.integrations.lightning": "lightning.pytorch",
+    "torchstep_prof.integrations.ray": "ray",
     "torchstep_prof.integrations.transformers": "transformers",
 }
 

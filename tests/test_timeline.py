@@ -6,6 +6,7 @@ Real jobs (torchrun, 2 gloo ranks with two roles in each process) and hand-writt
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 
 from torchstep_prof.cli import main
 from torchstep_prof.timeline.clock import estimate_offsets
-from torchstep_prof.timeline.reading import Anchor
+from torchstep_prof.timeline.reading import Anchor, RayCall
 
 from dist_helpers import WORKERS, run_torchrun, worker_env
 
@@ -91,6 +92,25 @@ def test_clock_offsets_are_recovered_from_barriers_within_their_bound():
     # No anchor, another host: no offset is claimed.
     lonely = estimate_offsets({"a": "n1", "c": "n3"}, {"a": anchors["a"]})
     assert lonely.bound("c") == float("inf") or lonely.bound("a") == float("inf")
+
+
+def test_clock_offsets_are_recovered_from_ray_calls_within_their_bound():
+    # "a" calls a task on "b" (clock 2 s ahead) each second: submitted, run 1-3 ms later for
+    # 100 ms, got back 0.5-2 ms after its end.
+    ray: dict[str, list[RayCall]] = {"a": [], "b": []}
+    for k in range(20):
+        t = 100.0 + k
+        start, end = t + 0.001 * (k % 3 + 1), t + 0.001 * (k % 3 + 1) + 0.1
+        ray["a"].append(RayCall(f"task{k}", "submitted", t, t))
+        ray["b"].append(RayCall(f"task{k}", "ran", 2 + start, 2 + end))
+        ray["a"].append(RayCall(f"task{k}", "returned", end + 0.0005 * (k % 4 + 1), end + 0.0005 * (k % 4 + 1)))
+    clocks = estimate_offsets({"a": "n1", "b": "n2"}, {}, ray)
+    shift = clocks.offset("b") - clocks.offset("a")
+    assert abs(shift - 2.0) <= clocks.pair_bound("a", "b") < 0.002
+    # Returns alone bound one side only: no offset is claimed.
+    returns = {"a": [c for c in ray["a"] if c.what == "returned"], "b": ray["b"]}
+    one_sided = estimate_offsets({"a": "n1", "b": "n2"}, {}, returns)
+    assert math.isinf(one_sided.bound("a")) or math.isinf(one_sided.bound("b"))
 
 
 def test_processes_of_two_hosts_without_anchors_are_never_ordered(tmp_path, capsys):
@@ -175,6 +195,7 @@ def test_hostile_span_files_are_skipped_and_named_never_hang_or_crash(tmp_path):
         b'{"kind": "process", "host": "a", "pid": 10, "rank": 0}\n'
         b'not json\n{"kind": "batch", "spans": "abc"}\n{"kind": "batch", "spans": [["r", "s", NaN, 1]]}\n'
         b'{"kind": "batch", "thread": "T", "spans": [["\\u001b[2Jevil", "s\\n", 1000.5, 1000.6]]}\n'
+        b'{"kind": "batch", "thread": "T", "spans": [], "ray": [["t1", "stolen", 1000.0, 1000.0]]}\n'
     )
     with open(tmp_path / "spans-huge-11.jsonl", "wb") as huge:  # sparse: no disk used
         huge.truncate(600 << 20)
@@ -194,6 +215,7 @@ def test_hostile_span_files_are_skipped_and_named_never_hang_or_crash(tmp_path):
     assert "spans-zero-13.jsonl: a symbolic link" in out
     assert "spans-nohead-14.jsonl: no process line" in out
     assert "spans-junk-10.jsonl: line 2 skipped" in out
+    assert "spans-junk-10.jsonl: line 6 skipped (ValueError: expected one of submitted, returned, ran" in out
     assert "\x1b" not in out and "\\x1b[2Jevil/s\\n" in out
     assert "step 1: 9.0 s; trainer idle 6.1 s (68%) waiting for rollout/generate" in out
 

@@ -157,28 +157,33 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Regi
             return _new_range(_RANGE_NAMES[role][stage])
         except KeyError:
             pass
-    if _SLOT.session is None and not frame.screened:
-        if frame.quiet:  # no schedule in force, or profiling disabled
-            return _IDLE_REGION
-        # A schedule in force, no trace recording, metrics off: the region's step (``step=``,
-        # else the step block's, else the counter's), then a cached "no" or the rule.
-        if step is None:
-            current = CURRENT_STEP.get(None)
-            if current is None:
-                try:
-                    step = next(_COUNTERS[role][stage])
-                except KeyError:  # labels are checked when the counter is made
+    if _SLOT.session is None:
+        if not frame.screened:
+            if frame.quiet:  # no schedule in force, or profiling disabled
+                return _IDLE_REGION
+            # A schedule in force, no trace recording, metrics off: the region's step (``step=``,
+            # else the step block's, else the counter's), then a cached "no" or the rule.
+            if step is None:
+                current = CURRENT_STEP.get(None)
+                if current is None:
+                    try:
+                        step = next(_COUNTERS[role][stage])
+                    except KeyError:  # labels are checked when the counter is made
+                        step = _step_of(frame, role, stage, None)
+                elif current.skip_frame is frame:
+                    return _IDLE_REGION  # the step block's cached no: not this step, or not this rank
+                else:
                     step = _step_of(frame, role, stage, None)
-            elif current.skip_frame is frame:
-                return _IDLE_REGION  # the step block's cached no: not this step, or not this rank
-            else:
-                step = _step_of(frame, role, stage, None)
-        elif frame.label_checks > 0:
-            step = _step_of(frame, role, stage, step)
-        first, end = frame.cached_no
-        if first <= step < end or frame.rank_no is _GROUPS._default_pg:
-            return _IDLE_REGION  # a no the rule cached: the schedule's for this run, or this rank's
-        return _decided(frame, role, stage, step)
+            elif frame.label_checks > 0:
+                step = _step_of(frame, role, stage, step)
+            first, end = frame.cached_no
+            if first <= step < end or frame.rank_no is _GROUPS._default_pg:
+                return _IDLE_REGION  # a no the rule cached: the schedule's for this run, or this rank's
+            return _decided(frame, role, stage, step)
+        if frame.idle and not frame.live:
+            # Metrics or spans on, no schedule, no live status (screened, so timed): what
+            # _screened would make, without its call (an unresolved root frame is never idle).
+            return _Timed((role, stage, _perf()))
     return _screened(frame, role, stage, step)
 
 
@@ -206,7 +211,7 @@ def _screened(frame: Frame, role: str, stage: str, step: Optional[int]) -> Regio
             else:
                 inner = _decided(frame, role, stage, _step_of(frame, role, stage, step))
     if frame.metrics is not None:
-        inner = _Timed(role, stage) if inner is _IDLE_REGION else _TimedInner(role, stage, inner)
+        inner = _Timed((role, stage, _perf())) if inner is _IDLE_REGION else _TimedInner(role, stage, inner)
     if frame.live:  # live status (a stall section or an on-demand folder): shown while open
         return _OpenIdle((role, stage, 0.0)) if inner is _IDLE_REGION else _OpenRegion(role, stage, inner)
     return inner

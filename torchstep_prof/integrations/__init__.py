@@ -6,8 +6,9 @@ Each submodule imports its framework when it is itself imported, never before:
 >>> from torchstep_prof.integrations.transformers import TorchstepProfCallback  # doctest: +SKIP
 >>> trainer = Trainer(..., callbacks=[TorchstepProfCallback(steps=[3, 5])])      # doctest: +SKIP
 
-Ray actors need no integration: set ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` /
-``LOCAL_WORLD_SIZE`` in each actor (see ``examples/ray_roles.py``).
+Ray actors need no integration to be profiled: set ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` /
+``LOCAL_WORLD_SIZE`` in each actor (see ``examples/ray_roles.py``). ``integrations.ray`` notes
+Ray calls in the span log, so the timeline can align the actors' clocks (docs/timeline.md).
 """
 
 from __future__ import annotations

@@ -164,26 +164,27 @@ def _series_of(role: Any, stage: Any) -> tuple[Any, Any]:
 _capped: set[bool] = set()  # not empty once a pair went past the cap (warned once)
 
 
-class TimedRegion:
-    """A region timed for the metrics and not profiled: timed from when it is made (as it is
-    entered, in ``with profile_region(...)``) to its exit."""
+class TimedRegion(tuple):  # type: ignore[type-arg]
+    """A region timed for the metrics and not profiled: ``TimedRegion((role, stage, t0))``,
+    timed from ``t0`` (``perf_counter`` as it is made, in ``with profile_region(...)`` as it is
+    entered) to its exit.
 
-    __slots__ = ("role", "stage", "t0")
+    A tuple made by ``tuple``'s own C constructor: no Python frame on creation, as no
+    ``__init__`` runs (the spans-on region's cost is mostly frames; docs/hot-path.md).
+    """
+
+    __slots__ = ()
     # A C callable, as _IdleRegion's __exit__ (regions.py): no Python frame on entry. ``as``
-    # gets "" (a not-profiled region has nothing to offer there).
-    __enter__ = staticmethod("".format)
-
-    def __init__(self, role: str, stage: str) -> None:
-        self.role = role
-        self.stage = stage
-        self.t0 = _perf()
+    # gets "" (a not-profiled region has nothing to offer there); ``str()`` is a little cheaper
+    # than ``"".format()``.
+    __enter__ = staticmethod(str)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        seconds = _perf() - self.t0
+        seconds = _perf() - self[2]
         try:
-            _LOCAL.cells[self.role][self.stage].append(seconds)
+            _LOCAL.cells[self[0]][self[1]].append(seconds)
         except (AttributeError, KeyError, TypeError):  # first use here; TypeError: unhashable label
-            _cell(self.role, self.stage).append(seconds)
+            _cell(self[0], self[1]).append(seconds)
 
 
 class TimedInner:
@@ -203,8 +204,8 @@ class TimedInner:
         return entered
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
-        # ignore: TimedRegion's exit on this object on purpose (the same slots, one copy of the rule).
-        TimedRegion.__exit__(self, exc_type, exc, tb)  # type: ignore[arg-type]
+        # TimedRegion's exit (whichever is in force: metrics, spans or both), one copy of the rule.
+        TimedRegion((self.role, self.stage, self.t0)).__exit__(exc_type, exc, tb)
         return self.inner.__exit__(exc_type, exc, tb)
 
 
@@ -251,7 +252,8 @@ def record_step(seconds: float, number: Optional[int] = None, start: Optional[fl
 # --- the span log's hand-off (timeline/span_log.py) ----------------------------------------
 # With spans on, a timed region's exit appends (role, stage, start, end) to its thread's span
 # list instead of (or, metrics on too, as well as) its duration: one append, as metrics cost.
-# Step blocks append (None, number, start, end); clock anchors (ANCHOR, "name\\0seq", start, end).
+# Step blocks append (None, number, start, end); clock anchors (ANCHOR, "name\\0seq", start, end);
+# Ray calls and tasks (RAY, "what\\0task id", start, end).
 # The span log's thread takes them as the folding thread takes durations: the first n, then
 # exactly those deleted. The exit is swapped on the class once (decide once): a process without
 # spans runs the exit above, untouched.
@@ -274,26 +276,25 @@ def _spans_here() -> list[Any]:
 
 
 def _span_exit(self: TimedRegion, exc_type: Any, exc: Any, tb: Any) -> None:
-    end = _perf()
     # One flat list, four items a span: a tuple kept per span would be a container the garbage
     # collector tracks (a million of them between two writes make every collection slow).
     try:
-        _LOCAL.spans.extend((self.role, self.stage, self.t0, end))
+        _LOCAL.spans.extend(self + (_perf(),))
     except AttributeError:  # this thread's first span
-        _spans_here().extend((self.role, self.stage, self.t0, end))
+        _spans_here().extend(self + (_perf(),))
 
 
 def _span_and_metrics_exit(self: TimedRegion, exc_type: Any, exc: Any, tb: Any) -> None:
     # Both exits' work inline, one clock reading: two calls would cost a third more.
     end = _perf()
     try:
-        _LOCAL.spans.extend((self.role, self.stage, self.t0, end))
+        _LOCAL.spans.extend(self + (end,))
     except AttributeError:
-        _spans_here().extend((self.role, self.stage, self.t0, end))
+        _spans_here().extend(self + (end,))
     try:
-        _LOCAL.cells[self.role][self.stage].append(end - self.t0)
+        _LOCAL.cells[self[0]][self[1]].append(end - self[2])
     except (AttributeError, KeyError, TypeError):
-        _cell(self.role, self.stage).append(end - self.t0)
+        _cell(self[0], self[1]).append(end - self[2])
 
 
 def _choose_exit() -> None:
@@ -314,6 +315,16 @@ def record_anchor(name: str, seq: int, start: float, end: float) -> None:
     """A clock anchor (``tsp.clock_anchor``) was entered at ``start`` and left at ``end``."""
     if _SPANS_ON:
         _spans_here().extend((ANCHOR, f"{name}\x00{seq}", start, end))
+
+
+RAY = "\x00ray"  # the first item of a Ray call's or task's tuple (integrations/ray.py)
+
+
+def record_ray(what: str, task: str, start: float, end: float) -> None:
+    """A Ray task ``task`` was submitted or got (``what``: ``submitted``, ``returned``; an
+    instant, ``start == end``) here, or ran here from ``start`` to ``end`` (``ran``)."""
+    if _SPANS_ON:
+        _spans_here().extend((RAY, f"{what}\x00{task}", start, end))
 
 
 def take_spans() -> list[tuple[threading.Thread, list[Any]]]:

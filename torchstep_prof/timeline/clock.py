@@ -4,7 +4,10 @@ Processes on different hosts disagree on wall time. What is known for sure is ca
 barrier (``tsp.clock_anchor``) is left by no process before every process has entered it. So
 for anchor ``k`` entered at ``e_p`` and left at ``x_q`` (each on its own clock, ``clock =
 true time + offset``), every pair gives ``offset_q - offset_p <= x_q - e_p``. Processes on one
-host share its clock: ``|offset_q - offset_p| <= SAME_HOST_S``. These are difference
+host share its clock: ``|offset_q - offset_p| <= SAME_HOST_S``. A Ray task that ran on ``q``
+from ``a`` to ``b``, submitted by ``p`` at ``s`` and got back by ``p`` at ``r``
+(``torchstep_prof.integrations.ray``), started after its submission and ended before ``get``
+returned: ``offset_q - offset_p <= a - s`` and ``offset_p - offset_q <= r - b``. These are difference
 constraints; their shortest paths (Floyd–Warshall, over the processes) give, for each process,
 the interval its offset from the reference must lie in. The estimate is the interval's middle,
 the bound its half-width: the true offset is within the bound, not merely likely to be.
@@ -24,11 +27,11 @@ order against the others is never stated (the ledger says "within clock error").
 from __future__ import annotations
 
 import math
-from typing import Hashable, Mapping, Sequence
+from typing import Hashable, Mapping, Optional, Sequence
 
 import attrs
 
-from .reading import Anchor
+from .reading import Anchor, RayCall
 
 __all__ = ["SAME_HOST_S", "ClockEstimate", "estimate_offsets"]
 
@@ -66,8 +69,13 @@ class ClockEstimate:
         return 0.0 if a == b else self.bound(a) + self.bound(b)
 
 
-def estimate_offsets(hosts: Mapping[Hashable, str], anchors: Mapping[Hashable, Sequence[Anchor]]) -> ClockEstimate:
-    """Offsets of every process of ``hosts`` (process -> host name) from the anchors each saw."""
+def estimate_offsets(
+    hosts: Mapping[Hashable, str],
+    anchors: Mapping[Hashable, Sequence[Anchor]],
+    ray: Optional[Mapping[Hashable, Sequence[RayCall]]] = None,
+) -> ClockEstimate:
+    """Offsets of every process of ``hosts`` (process -> host name) from the anchors each saw
+    and the sides of Ray calls each logged (``ray``)."""
     names = list(hosts)
     if not names:
         return ClockEstimate(reference=None, offsets={}, bounds={})
@@ -98,6 +106,8 @@ def estimate_offsets(hosts: Mapping[Hashable, str], anchors: Mapping[Hashable, S
             for j, left in group:
                 if i != j:
                     c[i][j] = min(c[i][j], left.end - entered.start + CONVERSION_S)
+    if ray:
+        _add_ray_calls(c, index, ray)
     d = _shortest_paths(c)
     inconsistent = tuple(
         f"{names[i]}: anchors contradict each other by {-d[i][i]:.6f} s" for i in range(n) if d[i][i] < 0
@@ -114,6 +124,33 @@ def estimate_offsets(hosts: Mapping[Hashable, str], anchors: Mapping[Hashable, S
         offsets[p] = (hi + lo) / 2
         bounds[p] = abs(hi - lo) / 2
     return ClockEstimate(reference=names[reference], offsets=offsets, bounds=bounds, inconsistent=inconsistent)
+
+
+def _add_ray_calls(
+    c: list[list[float]], index: Mapping[Hashable, int], ray: Mapping[Hashable, Sequence[RayCall]]
+) -> None:
+    """Each Ray task's run against its submission and its return (a process's own calls give
+    nothing: one clock)."""
+    ran: dict[str, list[tuple[int, float, float]]] = {}
+    sides: dict[str, list[tuple[int, RayCall]]] = {}
+    for p, found in ray.items():
+        i = index.get(p)
+        if i is None:
+            continue
+        for call in found:
+            if call.what == "ran":
+                ran.setdefault(call.task, []).append((i, call.start, call.end))
+            else:
+                sides.setdefault(call.task, []).append((i, call))
+    for task, runs in ran.items():
+        for q, start, end in runs:
+            for p, call in sides.get(task, ()):
+                if p == q:
+                    continue
+                if call.what == "submitted":  # offset_q - offset_p <= start - submitted
+                    c[p][q] = min(c[p][q], start - call.start + CONVERSION_S)
+                else:  # returned: offset_p - offset_q <= returned - end
+                    c[q][p] = min(c[q][p], call.end - end + CONVERSION_S)
 
 
 def _spread(seen: Mapping[tuple[str, int], list]) -> list[tuple[str, int]]:

@@ -149,7 +149,11 @@ def build_ledger(folder: SpanFolder) -> Ledger:
     """Every step's record, from the span files of ``folder``."""
     procs = folder.processes
     problems = list(folder.problems)
-    clock = estimate_offsets({i: p.host for i, p in enumerate(procs)}, {i: p.anchors for i, p in enumerate(procs)})
+    clock = estimate_offsets(
+        {i: p.host for i, p in enumerate(procs)},
+        {i: p.anchors for i, p in enumerate(procs)},
+        {i: p.ray for i, p in enumerate(procs)},
+    )
     problems += clock.inconsistent
     infos = _infos(procs, clock)
     reference = infos[clock.reference].name if isinstance(clock.reference, int) else None
@@ -157,7 +161,7 @@ def build_ledger(folder: SpanFolder) -> Ledger:
     if unaligned:
         problems.append(
             f"no clock anchor links {', '.join(unaligned)} to {reference} "
-            "(another host, no tsp.clock_anchor): their order against the others is not stated"
+            "(another host, no tsp.clock_anchor, no anchored Ray call): their order against the others is not stated"
         )
     by_step, outside, blocks = _assign(procs, clock)
     finished = [{b.number for b in p.steps} for p in procs]

@@ -27,6 +27,7 @@ __all__ = [
     "MAX_SPAN_FILE_BYTES",
     "Anchor",
     "ProcessSpans",
+    "RayCall",
     "Span",
     "SpanFolder",
     "StepBlock",
@@ -69,6 +70,20 @@ class Anchor(NamedTuple):
     end: float
 
 
+RAY_WHATS = ("submitted", "returned", "ran")
+
+
+class RayCall(NamedTuple):
+    """One side of a Ray call (``torchstep_prof.integrations.ray``): task ``task`` was
+    ``submitted`` or its result ``returned`` here (an instant: ``start == end``), or it ``ran``
+    here from ``start`` to ``end`` (this process's clock)."""
+
+    task: str
+    what: str
+    start: float
+    end: float
+
+
 @attrs.frozen(kw_only=True)
 class ProcessSpans:
     """Everything one span file says about its process."""
@@ -82,6 +97,7 @@ class ProcessSpans:
     spans: tuple[Span, ...]
     steps: tuple[StepBlock, ...]
     anchors: tuple[Anchor, ...]
+    ray: tuple[RayCall, ...] = ()  # files written before Ray calls were logged have none
     ended: bool  # the file's last line says the process exited normally
     skipped_lines: int
 
@@ -132,6 +148,7 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
     spans: list[Span] = []
     steps: list[StepBlock] = []
     anchors: list[Anchor] = []
+    ray: list[RayCall] = []
     ended = False
     bad: list[str] = []
     for number, raw in enumerate(lines, 1):
@@ -151,9 +168,11 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
                 line_anchors = [
                     Anchor(_text(n), _int(q), _time(a), _time(b)) for n, q, a, b in record.get("anchors", ())
                 ]
+                line_ray = [RayCall(_text(t), _what(w), _time(a), _time(b)) for t, w, a, b in record.get("ray", ())]
                 spans += line_spans
                 steps += line_steps
                 anchors += line_anchors
+                ray += line_ray
             elif kind == "end":
                 ended = True
             else:
@@ -178,6 +197,7 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
             spans=tuple(s for s in spans if s.end >= s.start),
             steps=tuple(s for s in steps if s.end >= s.start),
             anchors=tuple(a for a in anchors if a.end >= a.start),
+            ray=tuple(r for r in ray if r.end >= r.start),
             ended=ended,
             skipped_lines=len(bad),
         )
@@ -190,6 +210,12 @@ def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected text, got {type(value).__name__}")
     return value[:200]
+
+
+def _what(value: Any) -> str:
+    if value not in RAY_WHATS:
+        raise ValueError(f"expected one of {', '.join(RAY_WHATS)}, got {value!r:.40}")
+    return str(value)
 
 
 def _time(value: Any) -> float:

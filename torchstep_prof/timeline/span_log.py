@@ -12,7 +12,10 @@ The file, one JSON object a line (the reader is :mod:`torchstep_prof.timeline.re
 - ``{"kind": "process", "format": 1, "host", "pid", "rank", "world_size", "local_rank",
   "process_role", "start"}`` first;
 - ``{"kind": "batch", "thread", "rank", "spans": [[role, stage, start, end], ...],
-  "steps": [[number, start, end], ...], "anchors": [[name, seq, start, end], ...]}``;
+  "steps": [[number, start, end], ...], "anchors": [[name, seq, start, end], ...],
+  "ray": [[task id, "submitted" | "returned" | "ran", start, end], ...]}`` (``ray``: the
+  Ray calls of ``torchstep_prof.integrations.ray``, an instant for the first two; a key a
+  reader that does not know it skips, so the format stays 1);
 - ``{"kind": "end", "at"}`` last, written at a clean interpreter exit (a file without it
   belongs to a process that was killed: its last step is incomplete).
 
@@ -110,7 +113,7 @@ class _SpanLog:
                     self.idle.add(thread, flat)
                 except Exception:  # the idle series are extra: never lose the spans for them  # pragma: no cover
                     pass
-            spans, steps, anchors = [], [], []
+            spans, steps, anchors, ray = [], [], [], []
             for i in range(0, len(flat), 4):
                 role, stage, start, end = flat[i : i + 4]
                 times = f"{start + base:.6f},{end + base:.6f}"
@@ -120,6 +123,9 @@ class _SpanLog:
                 elif role is _recorder.ANCHOR:
                     name, _, seq = stage.rpartition("\x00")
                     anchors.append(f"[{json.dumps(name)},{int(seq)},{times}]")
+                elif role is _recorder.RAY:
+                    what, _, task = stage.partition("\x00")
+                    ray.append(f"[{json.dumps(task)},{json.dumps(what)},{times}]")
                 else:
                     try:
                         pair = labels[role, stage]
@@ -137,6 +143,8 @@ class _SpanLog:
                 line += f', "steps": [{",".join(steps)}]'
             if anchors:
                 line += f', "anchors": [{",".join(anchors)}]'
+            if ray:
+                line += f', "ray": [{",".join(ray)}]'
             lines.append(line + "}")
         return lines
 
