@@ -131,18 +131,18 @@ def test_span_labels_are_escaped_on_the_page(shifted, tmp_path):
     spans = folder / "spans"
     rank1 = next(p for p in spans.iterdir() if json.loads(p.read_text().splitlines()[0])["rank"] == 1)
     hostile = "<img src=x onerror=alert(1)>\x1b[31m"
-    text = rank1.read_text().replace('"actor", "sync"', json.dumps("actor") + ", " + json.dumps(hostile))
+    text = rank1.read_text().replace('"ref", "compute_log_prob"', json.dumps("ref") + ", " + json.dumps(hostile))
     assert hostile not in text and json.dumps(hostile)[1:-1] in text
-    rank1.write_text(text)  # the slow rank's last region: on the critical path
+    rank1.write_text(text)  # the slow rank's slow region: on the critical path
     page = tmp_path / "report.html"
     assert cli("report", str(folder), "-o", str(page)).returncode == 0
     html = page.read_text()
     assert "<img src=x" not in html and "\x1b" not in html
-    assert "actor/&lt;img src=x onerror=alert(1)&gt;\\x1b[31m (actor+ref rank 1@node-b" in html  # the path
+    assert "ref/&lt;img src=x onerror=alert(1)&gt;\\x1b[31m (actor+ref rank 1@node-b" in html  # the path
     probe = probe_page(page)
     assert probe["errors"] == []
     drawn = " ".join(c["text"] for c in probe["charts"] if c["kind"] == "gantt")
-    assert "actor/<img src=x onerror=alert(1)>\\x1b[31m" in drawn  # the legend shows it as text
+    assert "ref/<img src=x onerror=alert(1)>\\x1b[31m" in drawn  # the legend shows it as text
 
 
 def _starts(merged: dict) -> dict[tuple[int, str], float]:

@@ -196,7 +196,7 @@ def gantt_figure(
             showlegend=True,
             legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
             uniformtext={"mode": "hide", "minsize": 9},  # a label that does not fit its gap is left to the hover
-            margin={"l": label_margin(labels), "r": 30, "t": 40, "b": 45},
+            margin={"l": label_margin(labels) + 12, "r": 30, "t": 40, "b": 45},
             xaxis={"title": {"text": f"ms since step {step.number}'s start"}, "rangemode": "tozero"},
             yaxis={"type": "category", "categoryorder": "array", "categoryarray": list(reversed(labels))},
         ),
