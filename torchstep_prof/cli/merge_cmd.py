@@ -1,14 +1,20 @@
 """``torchstep-prof merge``: the selected traces as one Chrome trace.
 
 ``torchstep-prof merge DIR -o OUT`` writes one process track per file, aligned on wall-clock
-time."""
+time, or on one clock estimated from the job's span files when there are some (``--spans``,
+docs/timeline.md)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING, Sequence
 
-from . import _tracedir
+from . import _spans, _tracedir
+from ..rendering import safe_text
+
+if TYPE_CHECKING:
+    from ..traces.analysis.span_clocks import TraceClock
 
 HELP = "merge the traces in DIR into one Chrome trace, one track per file, on one timeline"
 
@@ -19,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=HELP,
         description=HELP + ". Tracks are named '<role>/<stage> rank <r> step <n>', with ' #k' "
         "for a region's k-th occurrence in its step (k >= 2). By default the newest run of each "
-        "rank is merged; --pid chooses.",
+        "rank is merged; --pid chooses. With the job's span files (tsp.spans), each trace is moved "
+        "by its process's clock offset estimated from clock anchors.",
     )
     _tracedir.add_folder_argument(parser)
     parser.add_argument(
@@ -30,19 +37,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the merged trace (.json, or .json.gz to compress it)",
     )
     _tracedir.add_filter_arguments(parser)
+    _spans.add_spans_argument(parser)
     parser.set_defaults(func=lambda args: run(parser, args))
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..traces.analysis.merge import merge_traces
+    from ..traces.analysis.span_clocks import job_clocks
     from ..traces.reading.files import TraceReadError
 
     filters = _tracedir.filters_from_args(parser, args)
     infos = _tracedir.usable_traces(args, filters)
     if isinstance(infos, int):
         return infos
+    spans = _spans.load_ledger(args)
+    if isinstance(spans, int):
+        return spans
+    clocks = job_clocks(spans[1], spans[0]) if spans is not None else None
     try:
-        result = merge_traces(infos, args.output, skip_bad=True)
+        result = merge_traces(infos, args.output, skip_bad=True, clocks=clocks)
     except ValueError as exc:  # every input changed since it was scanned
         _tracedir.error(f"merge failed: {exc}")
         return _tracedir.EXIT_NO_TRACE
@@ -55,4 +68,21 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for path, reason in result.skipped:
         print(f"skipped {path}: {reason}", file=sys.stderr)
     print(f"merged {len(result.tracks)} trace(s), {result.events} events, into {result.path}")
+    if clocks is not None:
+        print(safe_text(_describe_clocks(result.clocks, clocks.folder)))
     return _tracedir.EXIT_OK
+
+
+def _describe_clocks(clocks: Sequence[TraceClock], folder: str) -> str:
+    """One line: how many tracks were moved onto the job's clock, within what, and why not the rest."""
+    aligned = [c for c in clocks if c.aligned]
+    text = f"clocks from {folder}: {len(aligned)} of {len(clocks)} trace(s) aligned"
+    if aligned:
+        worst = max(c.bound_s or 0.0 for c in aligned)
+        text += f" (offsets right within {worst * 1000:.3f} ms)"
+    reasons = sorted({c.reason for c in clocks if not c.aligned})
+    if reasons:
+        text += (
+            "; not aligned: " + "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
+        )
+    return text

@@ -1,14 +1,17 @@
 """``torchstep-prof report``: one self-contained HTML page of charts.
 
 ``torchstep-prof report DIR [-o report.html]`` shows what stands out, each group's wall time
-per rank, each step's timeline and each region's top operators. Needs the ``[report]`` extra (plotly)."""
+per rank, each step's timeline and each region's top operators; with the job's span files
+(``--spans``, else DIR or DIR/spans when they hold some) a Gantt of every process per step
+(docs/timeline.md). Needs the ``[report]`` extra (plotly)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from . import _tracedir
+from . import _spans, _tracedir
+from ..rendering import safe_text
 from .._shared_files import replace_exclusively
 
 HELP = "one HTML page of charts of the traces in DIR: stragglers, collective waits, memory, timelines, top operators"
@@ -36,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a folder of earlier traces: adds a section of what changed from them (as `diff`)",
     )
     _tracedir.add_scale_arguments(parser)
+    _spans.add_spans_argument(parser)
     parser.set_defaults(func=lambda args: run(parser, args))
 
 
@@ -60,6 +64,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     infos, other_runs = _tracedir.newest_runs(infos)
     if not infos:
         return _tracedir.nothing_found(args, filters, unreadable)
+    spans = _spans.load_ledger(args)
+    if isinstance(spans, int):
+        return spans
     diff = None
     if args.baseline is not None:
         from ..traces.analysis.diff import diff_traces
@@ -79,6 +86,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         filters=_filter_words(args),
         other_runs=other_runs,
         diff=diff,
+        spans=spans[0] if spans is not None else None,
+        timeline=spans[1] if spans is not None else None,
     )
     try:
         _write(args.output, render_page(report, plotlyjs))
@@ -88,6 +97,11 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print(
         f"wrote {args.output}: {report.traces} trace(s), {len(report.summary.groups)} group(s), "
         f"{len(report.findings)} straggler(s), {len(unreadable)} file(s) skipped"
+        + (
+            f"; the timeline of {len(spans[1].processes)} process(es) from {safe_text(spans[0])}"
+            if spans is not None
+            else ""
+        )
     )
     return _tracedir.EXIT_OK
 

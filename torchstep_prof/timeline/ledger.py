@@ -83,6 +83,9 @@ class ProcessStep:
     within_clock_error: bool  # idle_s <= idle_error_s: no idle time stated
     gaps: tuple[Gap, ...]  # the longest, at most MAX_GAPS_LISTED, in time order
     incomplete: bool  # the process stopped in this step (killed: its file has no end)
+    bars: tuple[
+        tuple[str, float, float], ...
+    ] = ()  # its outermost regions: (role/stage, start_s, end_s) from the step's start
 
 
 @attrs.frozen(kw_only=True)
@@ -90,6 +93,8 @@ class PathEntry:
     region: str
     process: str
     seconds: float
+    start_s: float = 0.0  # from the step's start (a run of one region merged: its first start)
+    end_s: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -380,6 +385,7 @@ def _step(
                 within_clock_error=idle <= error,
                 gaps=tuple(listed),
                 incomplete=p in stopped,
+                bars=tuple((x.label, x.start - w0, x.end - w0) for x in sorted(mine, key=lambda x: x.start) if x.top),
             )
         )
     path = _critical_path(items, w0, gaps_of, infos)
@@ -448,9 +454,11 @@ def _critical_path(
         name = infos[x.p].name
         if entries and entries[-1].region == x.label and entries[-1].process == name:
             last = entries[-1]
-            entries[-1] = attrs.evolve(last, seconds=last.seconds + x.end - x.start)
+            entries[-1] = attrs.evolve(last, seconds=last.seconds + x.end - x.start, end_s=x.end - w0)
         else:
-            entries.append(PathEntry(region=x.label, process=name, seconds=x.end - x.start))
+            entries.append(
+                PathEntry(region=x.label, process=name, seconds=x.end - x.start, start_s=x.start - w0, end_s=x.end - w0)
+            )
     return tuple(entries[-MAX_PATH:])
 
 

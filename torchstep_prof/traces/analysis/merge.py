@@ -4,7 +4,10 @@ Tracks are named ``<role>/<stage> rank <r> step <n>`` (`` #k`` appended for occu
 and sorted by step, role, stage, occurrence and rank,
 so all ranks of a region sit side by side on one timeline. Inputs are aligned on wall-clock time:
 an event's ``ts`` is relative to its own file's ``baseTimeNanoseconds``, so each file is shifted
-by the difference between its base and the earliest one, which becomes the output's base.
+by the difference between its base and the earliest one, which becomes the output's base. Given
+the job's clocks from its span files (:mod:`.span_clocks`), a trace whose process has an
+estimated offset is first moved onto the job's reference clock (its base minus the offset); one
+without keeps its own clock, and the output's metadata says which is which.
 
 Every pid of an input (torch writes string pids such as ``"Spans"``, ``"Traces"`` and ``""`` next
 to the process id) maps to its track's pid, and the inputs' own process metadata is replaced, so
@@ -20,11 +23,12 @@ import io
 import math
 import os
 import secrets
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Optional
 
 import attrs
 
 from ..reading._json import dumps
+from .span_clocks import JobClocks, TraceClock
 from ..reading.files import TraceInfo, TraceReadError, iter_events, load_trace, read_trace_info
 
 __all__ = ["MergeResult", "MergedTrack", "merge_traces", "track_label"]
@@ -52,6 +56,7 @@ class MergeResult:
     tracks: tuple[MergedTrack, ...]
     events: int
     skipped: tuple[tuple[str, str], ...] = ()  # (path, reason) of inputs left out (skip_bad)
+    clocks: tuple[TraceClock, ...] = ()  # per track, when merged with the job's clocks
 
 
 def track_label(info: TraceInfo) -> str:
@@ -66,6 +71,7 @@ def merge_traces(
     out_path: str | os.PathLike[str],
     *,
     skip_bad: bool = False,
+    clocks: Optional[JobClocks] = None,
 ) -> MergeResult:
     """Write one Chrome trace holding every trace in ``traces``, each as its own process track.
 
@@ -73,7 +79,8 @@ def merge_traces(
     or paths. The output is gzipped when ``out_path`` ends with ``.gz``, and appears complete or
     not at all. Inputs are read one at a time. Raises :class:`TraceReadError` when an input is
     not a usable trace (with ``skip_bad``, leaves it out and names it in ``skipped`` instead)
-    and ``ValueError`` when there is nothing to merge.
+    and ``ValueError`` when there is nothing to merge. With ``clocks``, each input is moved by
+    its process's estimated clock offset where there is one.
 
     >>> infos, _ = scan_traces("outputs/profile", TraceFilter(steps=[3]))  # doctest: +SKIP
     >>> merge_traces(infos, "step3.json.gz").tracks[0].label                 # doctest: +SKIP
@@ -83,26 +90,28 @@ def merge_traces(
     if not infos:
         raise ValueError("no trace to merge")
     infos.sort(key=lambda i: (i.step, i.role, i.stage, i.occurrence, i.rank, i.path))
+    per_trace = [clocks.clock_of(pid=i.pid, rank=i.rank) if clocks is not None else None for i in infos]
     # A trace without a base time comes from a torch that wrote epoch microseconds directly.
-    base_ns = min(info.base_time_ns or 0 for info in infos)
+    bases = [(info.base_time_ns or 0) - _offset_ns(clock) for info, clock in zip(infos, per_trace)]
+    base_ns = min(bases)
     tracks = tuple(
         MergedTrack(path=info.path, pid=index + 1, label=track_label(info)) for index, info in enumerate(infos)
     )
     out_path = os.fspath(out_path)
     written = 0
-    merged: list[tuple[MergedTrack, TraceInfo]] = []
+    merged: list[tuple[MergedTrack, TraceInfo, Optional[TraceClock]]] = []
     skipped: list[tuple[str, str]] = []
     with _atomic_output(out_path) as out:
         # The header goes last: only then is it known which inputs made it in.
         out.write(b'{"traceEvents":[')
         id_offset = 0
         device_properties: Any = None
-        for index, (info, track) in enumerate(zip(infos, tracks)):
+        for index, (info, track, clock, own_base) in enumerate(zip(infos, tracks, per_trace, bases)):
             try:
                 trace = load_trace(info.path)
                 if not isinstance(trace.get("traceEvents"), list):
                     raise TraceReadError(f"{info.path}: not a Chrome trace (no traceEvents list)")
-                shift_us = ((info.base_time_ns or 0) - base_ns) / 1000.0
+                shift_us = (own_base - base_ns) / 1000.0
                 events, max_id = _track_events(trace, track, index, shift_us, id_offset)
                 chunk = dumps(events)[1:-1] if events else b""
                 count = len(events)
@@ -120,26 +129,30 @@ def merge_traces(
             if chunk:
                 out.write((b"," if written else b"") + chunk)
                 written += count
-            merged.append((track, info))
+            merged.append((track, info, clock))
         if not merged:
             raise ValueError("no trace to merge: every input was skipped")
+        about: dict[str, Any] = {
+            "inputs": [
+                {
+                    "file": t.path,
+                    "pid": t.pid,
+                    "track": t.label,
+                    "rank": i.rank,
+                    "step": i.step,
+                    "occurrence": i.occurrence,
+                    **({"clock": c.to_dict()} if c is not None else {}),
+                }
+                for t, i, c in merged
+            ]
+        }
+        if clocks is not None:
+            about["clock"] = clocks.to_dict()
         header = {
             "schemaVersion": 1,
             "displayTimeUnit": "ms",
             "baseTimeNanoseconds": base_ns,
-            "torchstep_prof_merge": {
-                "inputs": [
-                    {
-                        "file": t.path,
-                        "pid": t.pid,
-                        "track": t.label,
-                        "rank": i.rank,
-                        "step": i.step,
-                        "occurrence": i.occurrence,
-                    }
-                    for t, i in merged
-                ]
-            },
+            "torchstep_prof_merge": about,
         }
         out.write(b"]," + dumps(header)[1:-1])
         if device_properties is not None:
@@ -148,10 +161,16 @@ def merge_traces(
     return MergeResult(
         path=out_path,
         base_time_ns=base_ns,
-        tracks=tuple(t for t, _ in merged),
+        tracks=tuple(t for t, _, _ in merged),
         events=written,
         skipped=tuple(skipped),
+        clocks=tuple(c for _, _, c in merged if c is not None),
     )
+
+
+def _offset_ns(clock: Optional[TraceClock]) -> int:
+    """How far the trace's clock is ahead of the job's reference clock (0 when not aligned)."""
+    return round(clock.offset_s * 1e9) if clock is not None and clock.aligned else 0
 
 
 def _track_events(

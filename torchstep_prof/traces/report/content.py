@@ -4,7 +4,8 @@ Data first: :func:`build_report` turns scanned traces (one per file, read one at
 :func:`~torchstep_prof.traces.reading.files.scan_traces`) into a :class:`Report` — summarize's groups, the
 findings, the collective waits and memory per region, timeline bars on wall-clock time (one
 per discrete trace; a fused trace's step and one per region entry inside it), each region's
-top operators (inside fused traces too), and a comparison with a baseline when given. Nothing
+top operators (inside fused traces too), a comparison with a baseline when given, and the job's
+timeline ledger when its span files were found (docs/timeline.md). Nothing
 here draws: :mod:`torchstep_prof.traces.report.page` renders a report as an HTML page.
 """
 
@@ -20,6 +21,7 @@ from ..analysis.diff import DiffResult
 from ..analysis.findings import FINDINGS_DEPTH, Finding, find_findings
 from ..analysis.memory import RegionMemory, find_memory
 from ...naming import parse_trace_name
+from ...timeline.ledger import Ledger
 from ..analysis.runs import OtherRun
 from ..analysis.summarize import DEFAULT_STRAGGLER_RATIO, Summary, summarize, trim_summary
 from ..reading.files import OpTime, TraceInfo, Unreadable, started_at
@@ -76,6 +78,8 @@ class Report:
     waits: Tuple[CollectiveWaits, ...] = ()
     memory: Tuple[RegionMemory, ...] = ()
     diff: Optional[DiffResult] = None
+    spans: Optional[str] = None  # the span folder read, when there was one
+    timeline: Optional[Ledger] = None  # the ledger of its span files
 
     @property
     def traces(self) -> int:
@@ -96,10 +100,13 @@ def build_report(
     filters: Sequence[str] = (),
     other_runs: Sequence[OtherRun] = (),
     diff: Optional[DiffResult] = None,
+    spans: Optional[str] = None,
+    timeline: Optional[Ledger] = None,
 ) -> Report:
     """The report of ``infos`` (scanned with ``top`` >= :data:`FINDINGS_DEPTH` so that findings
     compare ranks over deep operator lists); ``diff`` is the comparison with a baseline
-    (:func:`~torchstep_prof.traces.analysis.diff.diff_traces`), shown in a section of its own.
+    (:func:`~torchstep_prof.traces.analysis.diff.diff_traces`), shown in a section of its own;
+    ``timeline`` the ledger of the job's span files in ``spans`` (the Gantt of every process).
 
     >>> from torchstep_prof.traces.reading.files import scan_traces
     >>> scanned = scan_traces("outputs/profile", top=FINDINGS_DEPTH)  # doctest: +SKIP
@@ -123,6 +130,8 @@ def build_report(
         waits=find_waits(deep),
         memory=find_memory(deep),
         diff=diff,
+        spans=spans,
+        timeline=timeline,
     )
 
 

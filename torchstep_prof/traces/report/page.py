@@ -17,6 +17,7 @@ from ..analysis.collectives import describe_waits
 from ..analysis.findings import describe_finding
 from .content import Report
 from .diagnosis import baseline_section, memory_section, waits_section
+from .gantt import gantt_section
 from .steps import region_colors, steps_section, timeline_figure
 from .template import PAGE, SCRIPT, STYLE
 from .text import axis_labels, chart_text, escape as _e, label_margin, script_json
@@ -61,6 +62,8 @@ def render_page(report: Report, plotlyjs: str) -> str:
 
     one_rank = len({b.rank for b in report.bars}) == 1
     body = [_header(report), _findings(report, one_rank)]
+    # The job's span files, when found: every process of the job on one clock, step by step.
+    body.append(gantt_section(report, chart, _layout))
     # The diagnosis sections (each only when there is something to show) come next.
     body += [waits_section(report, chart), memory_section(report, chart), baseline_section(report, chart)]
     if one_rank:
