@@ -98,13 +98,25 @@ def test_gzip_traces_are_read_and_span_files_are_preferred_when_both_are_there(t
     assert json.loads(packed_out)["steps"] == json.loads(plain_out)["steps"]
     # A span file beside the traces: it is read (it covers every step), and that is said.
     header = {"kind": "process", "format": 1, "host": "a", "pid": 1, "rank": 0, "world_size": 1}
-    batch = {"kind": "batch", "thread": "MainThread", "spans": [["rollout", "generate", 10.0, 11.0]], "steps": [[0, 10.0, 11.0]]}
+    steps = [[n, 10.0 * n, 10.0 * n + 1 + n % 3 + n / 10] for n in range(7)]  # step 6 beats 0 and 3
+    batch = {
+        "kind": "batch",
+        "thread": "MainThread",
+        "spans": [["rollout", "generate", a, b] for _, a, b in steps],
+        "steps": steps,
+    }
     (packed / "spans-a-1.jsonl").write_text(json.dumps(header) + "\n" + json.dumps(batch) + "\n")
     code, out, _ = _cli(capsys, "timeline", str(packed))
     assert code == 0 and out.startswith("note: ") and "the span files are read" in out
-    assert "1 processes on 1 host, 1 steps" in out
+    assert "1 processes on 1 host, 7 steps" in out
     code, out, _ = _cli(capsys, "summarize", str(packed), "--json")
     assert json.loads(out)["timeline"]["source"] == "span files"
+    code, out, _ = _cli(capsys, "summarize", str(packed))
+    section = out[out.index("Timeline, each step across 1 processes (from the span files; the 5 slowest of 7") :]
+    assert "the span files are read" in section
+    assert [line.split(":")[0].strip() for line in section.splitlines() if line.startswith("  step ")] == [
+        "step 1", "step 2", "step 4", "step 5", "step 6",
+    ]  # fmt: skip
 
 
 def test_traces_without_spans_leave_summarize_unchanged_and_hostile_files_are_skipped(traced_job, tmp_path, capsys):

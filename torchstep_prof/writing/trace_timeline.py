@@ -17,8 +17,8 @@ taken when its profiler starts, as the span log turns ``perf_counter`` into wall
 clock anchors passed since the process's previous trace (the span log's conversion,
 :func:`~torchstep_prof.timeline.span_log.to_wall`).
 
-Reading the ranges is one pass over the exported file (a regex over an ``mmap``, as
-:mod:`~torchstep_prof.writing.range_marks` does); inserting the key rewrites the head, torch's
+The ranges come from the pass :mod:`~torchstep_prof.writing.range_marks` makes over the
+exported file anyway (one search of the file); inserting the key rewrites the head, torch's
 metadata, ahead of the events, which costs a copy of the file (``copy_file_range``: in the
 kernel, no Python loop).
 """
@@ -26,13 +26,13 @@ kernel, no Python loop).
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import re
 import socket
 from typing import Any, Collection, Optional
 
 from ..naming import METADATA_KEY
+from .range_marks import Range
 
 __all__ = ["FORMAT", "TIMELINE_KEY", "embed_timeline", "process_identity", "trace_timeline"]
 
@@ -44,57 +44,38 @@ _MAX_HEAD_BYTES = 1 << 22
 _METADATA = re.compile(rb'"' + METADATA_KEY.encode("ascii") + rb'"\s*:\s*')
 _TRACE_EVENTS = b'"traceEvents"'
 _BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
-_TIMES = rb',\s*"pid":\s*[^,]*,\s*"tid":\s*([^,]*),\s*"ts":\s*([-+0-9.eE]+),\s*"dur":\s*([-+0-9.eE]+)'
-
-
-def _ranges(names: Collection[str]) -> re.Pattern[bytes]:
-    alternatives = b"|".join(re.escape(n.encode("ascii", "replace")) for n in sorted(names, key=len, reverse=True))
-    return re.compile(
-        rb'"ph":\s*"X",\s*"cat":\s*"(?:cpu_op|user_annotation)",\s*"name":\s*"('
-        + alternatives
-        + rb'|ProfilerStep#\d+)"'
-        + _TIMES
-    )
 
 
 def trace_timeline(
     path: str,
+    ranges: Collection[Range],
     labels: dict[str, tuple[str, str]],
-    step: int,
     thread_spans: Collection[tuple[str, int, int, int]],
     anchors: Collection[tuple[str, int, float, float]],
     identity: dict[str, Any],
 ) -> Optional[dict[str, Any]]:
-    """The ``timeline`` object of the exported trace at ``path``: ``labels`` maps each region
-    range name to its (role, stage); ``thread_spans`` are other threads' (range name, tid, start
-    ns, end ns); ``anchors`` (name, seq, start, end) in wall seconds, those passed since the
-    process's previous trace (anchors align clocks whatever step they are in: each goes in one
-    trace); ``identity`` the process's host, pid, rank... None when the file has no base time
-    (not as torch writes it)."""
+    """The ``timeline`` object of the exported trace at ``path``, from the ``ranges``
+    :func:`~torchstep_prof.writing.range_marks.mark_region_ranges` found in it: ``labels`` maps
+    each region range name to its (role, stage) (the step range, ``ProfilerStep#<n>``, gives the
+    step); ``thread_spans`` are other threads' (range name, tid, start ns, end ns); ``anchors``
+    (name, seq, start, end) in wall seconds, those passed since the process's previous trace
+    (anchors align clocks whatever step they are in: each goes in one trace); ``identity`` the
+    process's host, pid, rank... None when the file has no base time (not as torch writes it)."""
     with open(path, "rb") as f:
-        if f.seek(0, 2) == 0:
-            return None
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as body:
-            base = _BASE_TIME.search(body, 0, min(len(body), _MAX_HEAD_BYTES))
-            if base is None:
-                return None
-            base_s = int(base.group(1)) / 1e9
-            spans: list[list[Any]] = []
-            steps: list[list[Any]] = []
-            for match in _ranges(labels).finditer(body):
-                name = match.group(1).decode("ascii", "replace")
-                try:
-                    tid = match.group(2).strip(b' "').decode("ascii", "replace")
-                    start = base_s + float(match.group(3)) / 1e6
-                    end = start + float(match.group(4)) / 1e6
-                except ValueError:
-                    continue
-                if name.startswith("ProfilerStep#"):
-                    if name == f"ProfilerStep#{step}":
-                        steps.append([step, round(start, 6), round(end, 6)])
-                    continue
-                role, stage = labels[name]
-                spans.append([role, stage, round(start, 6), round(end, 6), tid])
+        base = _BASE_TIME.search(f.read(_HEAD_BYTES))
+    if base is None:
+        return None
+    base_s = int(base.group(1)) / 1e9
+    spans: list[list[Any]] = []
+    steps: list[list[Any]] = []
+    for r in ranges:
+        start = base_s + r.ts / 1e6
+        end = start + r.dur / 1e6
+        if r.name.startswith("ProfilerStep#"):
+            steps.append([int(r.name[len("ProfilerStep#") :]), round(start, 6), round(end, 6)])
+        else:
+            role, stage = labels.get(r.name) or _split(r.name)
+            spans.append([role, stage, round(start, 6), round(end, 6), r.tid])
     for name, tid, start_ns, end_ns in thread_spans:
         role, stage = labels.get(name) or _split(name)
         spans.append([role, stage, round(start_ns / 1e9, 6), round(end_ns / 1e9, 6), str(tid)])

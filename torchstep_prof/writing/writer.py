@@ -32,7 +32,7 @@ import attrs
 
 from .. import background
 from .memory_snapshot import write_snapshot
-from .range_marks import mark_region_ranges
+from .range_marks import Range, mark_region_ranges
 from .temp_files import WorkFolder, host_label, link_exclusively, remove, remove_dead_temporaries
 from .trace_tail import TraceTailError, finish_tail, set_trace_name
 from .trace_timeline import embed_timeline, process_identity, trace_timeline
@@ -230,10 +230,11 @@ class TraceWriter:
             work = WorkFolder(folder, self._host, os.getpid())
             raw_path = work.file("trace.json")
             self._export(trace, raw_path)
-            step_s = mark_region_ranges(raw_path, _range_names(trace), name.step)
+            ranges: list[Range] = []
+            step_s = mark_region_ranges(raw_path, _range_names(trace), name.step, ranges)
             if step_s is not None:  # the file's own wall time, the one `ls` and `summarize` read
                 record = attrs.evolve(record, wall_s=step_s)
-            self._add_timeline(trace, raw_path, work.file("timeline.json"))
+            self._add_timeline(trace, raw_path, ranges, work.file("timeline.json"))
             target = self._free_target(folder, name)
             try:
                 size = finish_tail(raw_path, os.path.abspath(target), trace.spans)
@@ -327,7 +328,7 @@ class TraceWriter:
             except TraceTailError as exc:
                 raise _ExportFailed(str(exc)) from None
 
-    def _add_timeline(self, trace: StoppedTrace, raw_path: str, work_path: str) -> None:
+    def _add_timeline(self, trace: StoppedTrace, raw_path: str, ranges: list[Range], work_path: str) -> None:
         """Put the process's spans for the trace's window in its ``torchstep_prof`` key, for
         ``torchstep-prof timeline`` (writing/trace_timeline.py), with the clock anchors passed
         since the previous trace. Extra: a trace whose spans cannot be read or added is written
@@ -343,7 +344,7 @@ class TraceWriter:
         n = trace.name
         try:
             identity = process_identity(n.rank, n.world_size, current_topology().local_rank)
-            timeline = trace_timeline(raw_path, labels, n.step, list(trace.spans.spans), anchors, identity)
+            timeline = trace_timeline(raw_path, ranges, labels, list(trace.spans.spans), anchors, identity)
             if timeline is not None and embed_timeline(raw_path, work_path, timeline) and anchors:
                 self._anchors_until = max(a[3] for a in anchors)
         except (OSError, ValueError):
