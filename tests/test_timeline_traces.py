@@ -134,10 +134,11 @@ def test_traces_without_spans_leave_summarize_unchanged_and_hostile_files_are_sk
     bad = json.loads((tmp_path / "good.json").read_text())
     bad["torchstep_prof"]["timeline"]["spans"] = [["actor", "update", "soon", 1.0]]
     (tmp_path / "bad.json").write_text(json.dumps(bad))
+    (tmp_path / "deep.json").write_text('{"torchstep_prof": ' + "[" * 100_000 + "]" * 100_000 + ', "traceEvents": []}')
     code, out, _ = _cli(capsys, "timeline", str(tmp_path), "--json")
     ledger = json.loads(out)
     assert code == 0 and [p["name"] for p in ledger["processes"]] == ["actor rank 0"]
     problems = "\n".join(ledger["problems"])
     assert "fifo.json: cannot be read" in problems and "link.json: cannot be read" in problems
-    assert "bad.json: its spans are not of the right shape" in problems
+    assert "bad.json: its spans are not of the right shape" in problems and "deep.json: cannot be read" in problems
     assert "2 traces without spans" in problems

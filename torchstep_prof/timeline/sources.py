@@ -84,7 +84,7 @@ def read_trace_folder(folder: str) -> SpanFolder:
         path = os.path.join(folder, name)
         try:
             timeline = _timeline_of(path)
-        except (OSError, EOFError, ValueError, gzip.BadGzipFile) as exc:
+        except (OSError, EOFError, ValueError, RecursionError) as exc:  # BadGzipFile is an OSError
             problems.append(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}; skipped)")
             continue
         if timeline is None:
