@@ -142,3 +142,30 @@ def test_traces_without_spans_leave_summarize_unchanged_and_hostile_files_are_sk
     assert "fifo.json: cannot be read" in problems and "link.json: cannot be read" in problems
     assert "bad.json: its spans are not of the right shape" in problems and "deep.json: cannot be read" in problems
     assert "2 traces without spans" in problems
+
+
+def test_summarize_reads_the_timeline_of_the_newest_run_of_each_rank(traced_job, tmp_path, capsys):
+    """An older run traced into the same folder (other pids, an hour earlier) is left out of the
+    section, as summarize leaves it out of its table; ``timeline`` reads every process there."""
+    for path in traced_job.glob("*.json"):
+        shutil.copy(path, tmp_path / path.name)
+        trace = json.loads(path.read_text())
+        meta = trace["torchstep_prof"]
+        old_pid = meta["pid"] + 100_000
+        meta["pid"] = meta["timeline"]["pid"] = old_pid
+        trace["baseTimeNanoseconds"] -= 3600 * 10**9
+        for key in ("spans", "steps", "anchors"):
+            for item in meta["timeline"][key]:
+                item[-3 if key == "spans" else -2] -= 3600
+                item[-2 if key == "spans" else -1] -= 3600
+        pid_part, stamp = path.stem.split("_pid")[1].split("_")
+        name = path.name.replace(f"_pid{pid_part}_{stamp}", f"_pid{old_pid}_{int(stamp) - 10**7}")
+        (tmp_path / name).write_text(json.dumps(trace))
+    code, out, _ = _cli(capsys, "timeline", str(tmp_path), "--json")
+    assert code == 0 and len(json.loads(out)["processes"]) == 4
+    code, out, _ = _cli(capsys, "summarize", str(tmp_path), "--json")
+    timeline = json.loads(out)["timeline"]
+    assert sorted(p["pid"] for p in timeline["processes"]) == sorted(
+        json.loads(p.read_text())["torchstep_prof"]["pid"] for p in traced_job.glob("actor_update_step2_*.json")
+    )
+    assert [s["number"] for s in timeline["steps"]] == [2, 3] and all(s["seconds"] < 5 for s in timeline["steps"])

@@ -58,7 +58,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     deep = summarize(infos, unreadable, straggler_ratio=args.straggler_ratio, top=depth, other_runs=other_runs)
     summary = trim_summary(deep, args.top)
     waits, memory = find_waits(deep), find_memory(deep)
-    timeline = find_timeline(args.directory) if infos else None
+    pids = {info.pid for info in infos if info.pid is not None}
+    timeline = find_timeline(args.directory, pids) if infos else None
     if args.json:
         doc = summary_to_dict(summary)
         doc["findings"] = findings_to_dicts(find_findings(deep))

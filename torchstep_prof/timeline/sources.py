@@ -164,9 +164,9 @@ def _process(merged: dict[str, Any]) -> ProcessSpans:
         rank=optional("rank"),
         world_size=optional("world_size"),
         process_role=role[:200] if isinstance(role, str) else None,
-        spans=tuple(sorted(merged["spans"], key=lambda s: s.start)),
-        steps=tuple(sorted(merged["steps"].values(), key=lambda b: b.start)),
-        anchors=tuple(sorted(merged["anchors"], key=lambda a: (a.name, a.seq))),
+        spans=tuple(sorted((s for s in merged["spans"] if s.end >= s.start), key=lambda s: s.start)),
+        steps=tuple(sorted((b for b in merged["steps"].values() if b.end >= b.start), key=lambda b: b.start)),
+        anchors=tuple(sorted((a for a in merged["anchors"] if a.end >= a.start), key=lambda a: (a.name, a.seq))),
         ended=True,  # a trace is written once its window closed: no step of it is cut short
         skipped_lines=0,
     )

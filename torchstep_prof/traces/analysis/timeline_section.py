@@ -11,7 +11,7 @@ True
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Collection, Optional
 
 import attrs
 
@@ -36,13 +36,17 @@ class TimelineSection:
     note: Optional[str] = None
 
 
-def find_timeline(folder: str) -> Optional[TimelineSection]:
+def find_timeline(folder: str, pids: Optional[Collection[int]] = None) -> Optional[TimelineSection]:
     """The timeline of ``folder`` (its span files, else the spans its traces carry), or None
-    when nothing there has spans. Reads only each trace's head."""
+    when nothing there has spans. Reads only each trace's head. ``pids``: the processes whose
+    traces are read (``summarize`` reads the newest run of each rank: an older run's steps
+    would stretch the same step numbers' windows over both runs)."""
     from ...timeline.ledger import build_ledger
     from ...timeline.sources import read_timeline_folder
 
     spans = read_timeline_folder(folder)
+    if pids is not None and spans.source == "traces":
+        spans = attrs.evolve(spans, processes=tuple(p for p in spans.processes if p.pid in pids))
     if not spans.processes:
         return None
     return TimelineSection(folder=folder, ledger=build_ledger(spans), source=spans.source, note=spans.note)
