@@ -169,3 +169,14 @@ def test_summarize_reads_the_timeline_of_the_newest_run_of_each_rank(traced_job,
         json.loads(p.read_text())["torchstep_prof"]["pid"] for p in traced_job.glob("actor_update_step2_*.json")
     )
     assert [s["number"] for s in timeline["steps"]] == [2, 3] and all(s["seconds"] < 5 for s in timeline["steps"])
+
+
+def test_a_trace_names_its_process_role(tmp_path, capsys):
+    import torchstep_prof as tsp
+
+    with tsp.configure(save_path=str(tmp_path), summary=False, process_role="trainer"), tsp.schedule(steps=[1]):
+        with tsp.step(1), tsp.profile_region("actor", "update"):
+            pass
+    tsp.flush()
+    code, out, _ = _cli(capsys, "timeline", str(tmp_path), "--json")
+    assert code == 0 and [p["name"] for p in json.loads(out)["processes"]] == ["trainer"]

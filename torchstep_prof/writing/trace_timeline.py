@@ -88,7 +88,9 @@ def _split(name: str) -> tuple[str, str]:
     return role, stage
 
 
-def process_identity(rank: int, world_size: int, local_rank: Optional[int]) -> dict[str, Any]:
+def process_identity(
+    rank: int, world_size: int, local_rank: Optional[int], process_role: Optional[str]
+) -> dict[str, Any]:
     """The process's identity as a span file's first line gives it."""
     return {
         "host": socket.gethostname(),
@@ -96,7 +98,7 @@ def process_identity(rank: int, world_size: int, local_rank: Optional[int]) -> d
         "rank": rank,
         "world_size": world_size,
         "local_rank": local_rank,
-        "process_role": None,
+        "process_role": process_role,
     }
 
 

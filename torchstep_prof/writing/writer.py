@@ -343,7 +343,7 @@ class TraceWriter:
         anchors = [a for a in recent_anchors() if a[3] > self._anchors_until]
         n = trace.name
         try:
-            identity = process_identity(n.rank, n.world_size, current_topology().local_rank)
+            identity = process_identity(n.rank, n.world_size, current_topology().local_rank, trace.process_role)
             timeline = trace_timeline(raw_path, ranges, labels, list(trace.spans.spans), anchors, identity)
             if timeline is not None and embed_timeline(raw_path, work_path, timeline) and anchors:
                 self._anchors_until = max(a[3] for a in anchors)
