@@ -142,3 +142,23 @@ def test_a_layout_without_room_to_patch_is_rewritten_whole_and_one_it_cannot_par
     broken.write_text(text)
     assert mark_region_ranges(str(broken), {"actor/update"}, 4) is None
     assert broken.read_text() == text
+
+
+def test_the_same_pass_hands_over_each_region_range_and_the_step_range_with_their_times(tmp_path):
+    """The spans a trace carries (writing/trace_timeline.py) come from this pass: torch's layout
+    (patched in place) and a compact one (rewritten whole) give the same ranges."""
+    from torchstep_prof.writing.range_marks import Range, mark_region_ranges
+
+    events = [  # keys in torch's order: pid, tid, ts, dur after the name
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 7, "ts": 0.5, "dur": 2500.0},
+        {"ph": "X", "cat": "cpu_op", "name": "actor/update", "pid": 1, "tid": 7, "ts": 1.25, "dur": 10},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 7, "ts": 2, "dur": 5},
+        {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#3", "pid": 1, "tid": 7, "ts": 9, "dur": 1},
+    ]
+    expected = [Range("ProfilerStep#4", "7", 0.5, 2500.0), Range("actor/update", "7", 1.25, 10.0)]
+    for separators in ((", ", ": "), (",", ":")):
+        path = tmp_path / f"trace{len(separators[0])}.json"
+        path.write_text(json.dumps({"traceEvents": events, "traceName": "x"}, separators=separators))
+        ranges: list[Range] = []
+        assert mark_region_ranges(str(path), {"actor/update"}, 4, ranges) == 0.0025
+        assert ranges == expected, separators

@@ -222,7 +222,7 @@ def test_hostile_span_files_are_skipped_and_named_never_hang_or_crash(tmp_path):
 
 def test_an_empty_or_missing_folder_is_a_clear_error(tmp_path, capsys):
     code, out, err = _timeline(tmp_path, capsys)
-    assert code == 1 and "no span file in" in err
+    assert code == 1 and "no span file, and no trace carrying spans, in" in err
     with pytest.raises(SystemExit) as caught:
         main(["timeline", str(tmp_path / "missing")])
     assert caught.value.code == 2

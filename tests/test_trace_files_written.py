@@ -201,7 +201,11 @@ def test_distributed_info_and_metadata_carry_the_rank_without_a_process_group(sa
     trace = load_trace(path)
     assert trace["distributedInfo"]["rank"] == 3
     assert trace["distributedInfo"]["world_size"] == 4
-    assert trace["torchstep_prof"] == {
+    meta = dict(trace["torchstep_prof"])
+    timeline = meta.pop("timeline")  # the spans for torchstep-prof timeline (docs/timeline.md)
+    assert (timeline["rank"], timeline["world_size"], timeline["pid"]) == (3, 4, os.getpid())
+    assert [s[:2] for s in timeline["spans"]] == [["ref", "compute_log_prob"]]
+    assert meta == {
         "role": "ref",
         "stage": "compute-log-prob",
         "step": 2,
@@ -221,7 +225,12 @@ def test_fused_metadata(save_dir):
         region("actor", "update", step=None)
         region("critic", "update", step=None)
     [path] = trace_files(save_dir)
-    assert load_trace(path)["torchstep_prof"] == {
+    meta = dict(load_trace(path)["torchstep_prof"])
+    timeline = meta.pop("timeline")
+    assert sorted(s[:2] for s in timeline["spans"]) == [["actor", "update"], ["critic", "update"]]
+    [(number, start, end)] = timeline["steps"]
+    assert number == 1 and all(start <= s[2] <= s[3] <= end for s in timeline["spans"])
+    assert meta == {
         "role": "actor-critic",
         "stage": "train",
         "step": 1,

@@ -1,6 +1,7 @@
 """``torchstep-prof summarize``: wall time per rank of each region and step, as a table or JSON.
 
-Stragglers are flagged and the top operators listed by self time; ``--json`` for machines."""
+Stragglers are flagged and the top operators listed by self time; when the traces carry spans
+(or the folder holds span files) each step's timeline verdict follows; ``--json`` for machines."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..traces.analysis.collectives import find_waits, waits_to_dicts
     from ..traces.analysis.findings import FINDINGS_DEPTH, find_findings, findings_to_dicts
     from ..traces.analysis.memory import find_memory, memory_to_dicts
+    from ..traces.analysis.timeline_section import find_timeline, render_timeline, timeline_to_dict
     from ..traces.analysis.summarize import (
         default_title,
         render_summary,
@@ -56,11 +58,15 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     deep = summarize(infos, unreadable, straggler_ratio=args.straggler_ratio, top=depth, other_runs=other_runs)
     summary = trim_summary(deep, args.top)
     waits, memory = find_waits(deep), find_memory(deep)
+    pids = {info.pid for info in infos if info.pid is not None}
+    timeline = find_timeline(args.directory, pids) if infos else None
     if args.json:
         doc = summary_to_dict(summary)
         doc["findings"] = findings_to_dicts(find_findings(deep))
         doc["collectives"] = waits_to_dicts(waits)
         doc["memory"] = memory_to_dicts(memory)
+        if timeline is not None:
+            doc["timeline"] = timeline_to_dict(timeline)
         from ..traces.reading._json import dumps_indented
 
         sys.stdout.write(dumps_indented(doc) + "\n")
@@ -70,6 +76,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         console = _tracedir.output_console()
         render_summary(summary, console, title=title)
         _render_diagnosis(console, waits, memory)
+        if timeline is not None:
+            render_timeline(timeline, console)
     if not infos:
         return _tracedir.nothing_found(args, filters, unreadable)
     return _tracedir.EXIT_OK

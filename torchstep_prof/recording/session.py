@@ -321,6 +321,7 @@ class TraceSession:
             results=results,
             spans=self.spans,
             owner_range=self.owner_range,
+            process_role=self.config.process_role,
             records_cuda=ProfilerActivity.CUDA in profiler_kwargs(self.config.contents)["activities"],
             memory_snapshot=snapshot,
             hook_scope=self.hook_scope,

@@ -67,6 +67,7 @@ class StoppedTrace:
     results: Any = attrs.field(default=None, repr=False, eq=False)
     spans: SpanLog = attrs.field(repr=False, eq=False)
     owner_range: Optional[str] = None
+    process_role: Optional[str] = None  # the config's, for the spans the trace carries
     records_cuda: bool = False
     memory_snapshot: Optional[dict[str, Any]] = attrs.field(default=None, repr=False, eq=False)
     # For the engine once written: the ``on_finish`` scope it belongs to; whether its owning

@@ -31,6 +31,7 @@ __all__ = [
     "Span",
     "SpanFolder",
     "StepBlock",
+    "parse_items",
     "read_span_folder",
 ]
 
@@ -108,6 +109,8 @@ class SpanFolder:
 
     processes: tuple[ProcessSpans, ...]
     problems: tuple[str, ...]
+    source: str = "span files"  # or "traces": what the processes were read from
+    note: Optional[str] = None  # said before the ledger (both kinds of file were there)
 
 
 def read_span_folder(folder: str) -> SpanFolder:
@@ -161,13 +164,12 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
             if kind == "process":
                 header = record if header is None else header
             elif kind == "batch":
-                thread = _text(record.get("thread", "?"))
-                # Whole lines or nothing: lists made first, so a bad item drops its line only.
-                line_spans = [Span(_text(r), _text(s), _time(a), _time(b), thread) for r, s, a, b in record["spans"]]
-                line_steps = [StepBlock(_int(n), _time(a), _time(b), thread) for n, a, b in record.get("steps", ())]
-                line_anchors = [
-                    Anchor(_text(n), _int(q), _time(a), _time(b)) for n, q, a, b in record.get("anchors", ())
-                ]
+                line_spans, line_steps, line_anchors = parse_items(
+                    record["spans"],
+                    record.get("steps", ()),
+                    record.get("anchors", ()),
+                    _text(record.get("thread", "?")),
+                )
                 line_ray = [RayCall(_text(t), _what(w), _time(a), _time(b)) for t, w, a, b in record.get("ray", ())]
                 spans += line_spans
                 steps += line_steps
@@ -204,6 +206,20 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
     except (ValueError, TypeError) as exc:
         problems.append(f"{path}: a bad process line ({exc}; skipped)")
         return None
+
+
+def parse_items(spans: Any, steps: Any, anchors: Any, thread: str) -> tuple[list[Span], list[StepBlock], list[Anchor]]:
+    """A batch's items (a span file's line, a trace's ``timeline``) checked and made records,
+    all or none: the first bad item raises ``ValueError``, ``TypeError`` or ``KeyError``. A
+    span is ``[role, stage, start, end]`` on ``thread``, or names its own as a fifth item."""
+    made = []
+    for role, stage, start, end, *own in spans:
+        if len(own) > 1:
+            raise ValueError(f"a span of {5 + len(own) - 1} items")
+        made.append(Span(_text(role), _text(stage), _time(start), _time(end), _text(own[0]) if own else thread))
+    blocks = [StepBlock(_int(n), _time(a), _time(b), thread) for n, a, b in steps]
+    passed = [Anchor(_text(n), _int(q), _time(a), _time(b)) for n, q, a, b in anchors]
+    return made, blocks, passed
 
 
 def _text(value: Any) -> str:

@@ -27,6 +27,7 @@ aligns the hosts' clocks with the anchors (docs/timeline.md).
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import os
 import socket
@@ -38,7 +39,17 @@ from .._fork import at_fork_in_child
 from .._shared_files import create_exclusively
 from ..region_metrics import recorder as _recorder
 
-__all__ = ["FILE_PREFIX", "FILE_SUFFIX", "FORMAT", "clock_anchor", "flush_spans", "span_dir", "start_span_log"]
+__all__ = [
+    "FILE_PREFIX",
+    "FILE_SUFFIX",
+    "FORMAT",
+    "clock_anchor",
+    "flush_spans",
+    "recent_anchors",
+    "span_dir",
+    "start_span_log",
+    "to_wall",
+]
 
 FILE_PREFIX = "spans-"
 FILE_SUFFIX = ".jsonl"
@@ -214,6 +225,30 @@ def _rank() -> int:
 _LOG: list[_SpanLog] = []  # the process's span log, once started
 _LOG_LOCK = threading.Lock()
 _ANCHOR_SEQ: dict[str, int] = {}  # name -> anchors passed so far
+# The last anchors passed, spans on or off (perf_counter times): a written trace carries those of
+# its window (writing/trace_timeline.py). Bounded: an anchor every step for 256 steps.
+_RECENT_ANCHORS: collections.deque[tuple[str, int, float, float]] = collections.deque(maxlen=256)
+_BASE: list[float] = []  # wall minus perf_counter, taken once, when spans are off
+
+
+def to_wall(perf: float) -> float:
+    """A ``time.perf_counter()`` reading as seconds since the epoch, the span log's way: one
+    offset per process (the span log's own while it runs), so times keep the monotonic order.
+
+    >>> import time
+    >>> abs(to_wall(time.perf_counter()) - time.time()) < 1.0
+    True
+    """
+    if _LOG:
+        return perf + _LOG[0].base
+    if not _BASE:
+        _BASE.append(_wall_minus_perf())
+    return perf + _BASE[0]
+
+
+def recent_anchors() -> list[tuple[str, int, float, float]]:
+    """The clock anchors passed lately (at most 256): name, seq, entered and left (wall seconds)."""
+    return [(name, seq, to_wall(start), to_wall(end)) for name, seq, start, end in list(_RECENT_ANCHORS)]
 
 
 def start_span_log(folder: str, process_role: Optional[str] = None) -> None:
@@ -276,6 +311,7 @@ def clock_anchor(name: str = "barrier", *, group: Any = None) -> None:
     dist.barrier(group=group)
     end = _recorder._perf()
     _recorder.record_anchor(name, seq, start, end)
+    _RECENT_ANCHORS.append((name, seq, start, end))
 
 
 def _after_fork_in_child() -> None:
@@ -283,6 +319,7 @@ def _after_fork_in_child() -> None:
     global _LOG_LOCK
     _LOG_LOCK = threading.Lock()
     _LOG.clear()
+    _RECENT_ANCHORS.clear()
 
 
 at_fork_in_child(_after_fork_in_child)

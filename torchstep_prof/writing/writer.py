@@ -32,9 +32,10 @@ import attrs
 
 from .. import background
 from .memory_snapshot import write_snapshot
-from .range_marks import mark_region_ranges
+from .range_marks import Range, mark_region_ranges
 from .temp_files import WorkFolder, host_label, link_exclusively, remove, remove_dead_temporaries
 from .trace_tail import TraceTailError, finish_tail, set_trace_name
+from .trace_timeline import embed_timeline, process_identity, trace_timeline
 from ..errors import TraceWriteWarning, warn
 from ..naming import TraceName, build_trace_name
 from ..summary.records import STORE, TraceRecord
@@ -76,6 +77,7 @@ class TraceWriter:
         self._reported: set[tuple[str, str]] = set()
         self._cuda_target = 0  # the queue count up to the last job holding CUDA activity
         self._host = host_label()
+        self._anchors_until = float("-inf")  # the end of the last clock anchor a trace carries
         self._unregister = background.add(background.WRITES, self.flush)
 
     # --- public -------------------------------------------------------------------------------
@@ -228,9 +230,11 @@ class TraceWriter:
             work = WorkFolder(folder, self._host, os.getpid())
             raw_path = work.file("trace.json")
             self._export(trace, raw_path)
-            step_s = mark_region_ranges(raw_path, _range_names(trace), name.step)
+            ranges: list[Range] = []
+            step_s = mark_region_ranges(raw_path, _range_names(trace), name.step, ranges)
             if step_s is not None:  # the file's own wall time, the one `ls` and `summarize` read
                 record = attrs.evolve(record, wall_s=step_s)
+            self._add_timeline(trace, raw_path, ranges, work.file("timeline.json"))
             target = self._free_target(folder, name)
             try:
                 size = finish_tail(raw_path, os.path.abspath(target), trace.spans)
@@ -323,6 +327,28 @@ class TraceWriter:
                 size = set_trace_name(raw_path, os.path.abspath(target))
             except TraceTailError as exc:
                 raise _ExportFailed(str(exc)) from None
+
+    def _add_timeline(self, trace: StoppedTrace, raw_path: str, ranges: list[Range], work_path: str) -> None:
+        """Put the process's spans for the trace's window in its ``torchstep_prof`` key, for
+        ``torchstep-prof timeline`` (writing/trace_timeline.py), with the clock anchors passed
+        since the previous trace. Extra: a trace whose spans cannot be read or added is written
+        without them."""
+        from ..timeline.span_log import recent_anchors
+        from ..topology import current_topology
+
+        names = list(RANGE_NAMES.items())  # the training thread may add pairs meanwhile
+        labels = {name: (role, stage) for role, stages in names for stage, name in list(stages.items())}
+        if trace.owner_range is not None and trace.owner_range not in labels:
+            labels[trace.owner_range] = (trace.name.role, trace.name.stage)
+        anchors = [a for a in recent_anchors() if a[3] > self._anchors_until]
+        n = trace.name
+        try:
+            identity = process_identity(n.rank, n.world_size, current_topology().local_rank, trace.process_role)
+            timeline = trace_timeline(raw_path, ranges, labels, list(trace.spans.spans), anchors, identity)
+            if timeline is not None and embed_timeline(raw_path, work_path, timeline) and anchors:
+                self._anchors_until = max(a[3] for a in anchors)
+        except (OSError, ValueError):
+            remove(work_path)
 
     # --- records ------------------------------------------------------------------------------
 

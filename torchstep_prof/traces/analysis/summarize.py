@@ -227,6 +227,9 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
      "findings": [...],
      "unreadable": [<path>, ...],
      "other_runs": [{"rank", "role", "pid", "other_pids", "left_out"}]}
+
+    (``summarize --json`` adds ``collectives``, ``memory`` and, when the traces carry spans,
+    ``timeline``: traces/analysis/timeline_section.py.)
     """
     return {
         "groups": [

@@ -1,0 +1,82 @@
+"""The timeline section of ``summarize``: each step's verdict across processes, from the folder's spans.
+
+When the traces of a folder carry spans (every trace torchstep_prof writes does), or the folder
+holds span files, ``summarize`` adds the ledger of ``torchstep-prof timeline``
+(docs/timeline.md): one verdict line per step, the slowest few when there are many, and the
+whole ledger under ``timeline`` in ``--json``. Without spans it adds nothing.
+
+>>> find_timeline("/nonexistent") is None
+True
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Collection, Optional
+
+import attrs
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ...timeline.ledger import Ledger
+
+__all__ = ["MAX_SUMMARY_VERDICTS", "TimelineSection", "find_timeline", "render_timeline", "timeline_to_dict"]
+
+MAX_SUMMARY_VERDICTS = 5
+"""Verdict lines ``summarize`` prints at most (the slowest steps, in step order)."""
+
+
+@attrs.frozen(kw_only=True)
+class TimelineSection:
+    """The ledger of a folder's spans, where they were read from, and any note about it."""
+
+    folder: str
+    ledger: Ledger
+    source: str  # "traces" or "span files"
+    note: Optional[str] = None
+
+
+def find_timeline(folder: str, pids: Optional[Collection[int]] = None) -> Optional[TimelineSection]:
+    """The timeline of ``folder`` (its span files, else the spans its traces carry), or None
+    when nothing there has spans. Reads only each trace's head. ``pids``: the processes whose
+    traces are read (``summarize`` reads the newest run of each rank: an older run's steps
+    would stretch the same step numbers' windows over both runs)."""
+    from ...timeline.ledger import build_ledger
+    from ...timeline.sources import read_timeline_folder
+
+    spans = read_timeline_folder(folder)
+    if pids is not None and spans.source == "traces":
+        spans = attrs.evolve(spans, processes=tuple(p for p in spans.processes if p.pid in pids))
+    if not spans.processes:
+        return None
+    return TimelineSection(folder=folder, ledger=build_ledger(spans), source=spans.source, note=spans.note)
+
+
+def timeline_to_dict(section: TimelineSection) -> dict[str, Any]:
+    """The ``timeline`` key of ``summarize --json``: the ledger as ``timeline --json`` gives it."""
+    from ...timeline.output import ledger_to_dict
+
+    return {"source": section.source, "note": section.note, **ledger_to_dict(section.ledger, section.folder)}
+
+
+def render_timeline(section: TimelineSection, console: Console) -> None:
+    """The section's lines: a heading, then the verdict of each step (the slowest few)."""
+    from rich.text import Text
+
+    from ...rendering import print_stripped, safe_text
+
+    steps = section.ledger.steps
+    if not steps:
+        return
+    shown = steps
+    heading = f"Timeline, each step across {len(section.ledger.processes)} processes (from the {section.source}"
+    if len(steps) > MAX_SUMMARY_VERDICTS:
+        slowest = {s.number for s in sorted(steps, key=lambda s: -s.seconds)[:MAX_SUMMARY_VERDICTS]}
+        shown = tuple(s for s in steps if s.number in slowest)
+        heading += f"; the {MAX_SUMMARY_VERDICTS} slowest of {len(steps)} steps"
+    heading += "; torchstep-prof timeline DIR for detail):"
+    print_stripped(console, Text(safe_text(heading)))
+    if section.note is not None:
+        print_stripped(console, Text("  " + safe_text(f"note: {section.note}")))
+    for step in shown:
+        print_stripped(console, Text("  " + safe_text(step.verdict)), soft_wrap=True)
