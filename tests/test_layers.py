@@ -24,7 +24,7 @@ LAYERS: Sequence[tuple[str, Sequence[str]]] = (
     # state, the rank, the background work registry, and the one trace-name builder.
     ("foundations", ("errors", "rendering", "_fork", "_shared_files", "_wrapping", "interrupts", "process_state",
                      "topology", "background", "naming", "traces",
-                     "slow_steps.rule", "slow_steps.why")),
+                     "slow_steps.rule", "slow_steps.why", "timeline.wall_clock")),
     # The records every later layer fills (a trace written, a hook run): data only.
     ("records", ("summary.records",)),
     ("config", ("config",)),

@@ -27,7 +27,6 @@ aligns the hosts' clocks with the anchors (docs/timeline.md).
 from __future__ import annotations
 
 import atexit
-import collections
 import json
 import os
 import socket
@@ -38,6 +37,7 @@ from typing import Any, Optional
 from .._fork import at_fork_in_child
 from .._shared_files import create_exclusively
 from ..region_metrics import recorder as _recorder
+from .wall_clock import note_anchor, use_base, wall_minus_perf
 
 __all__ = [
     "FILE_PREFIX",
@@ -45,10 +45,8 @@ __all__ = [
     "FORMAT",
     "clock_anchor",
     "flush_spans",
-    "recent_anchors",
     "span_dir",
     "start_span_log",
-    "to_wall",
 ]
 
 FILE_PREFIX = "spans-"
@@ -60,24 +58,13 @@ _MAX_NAME_TRIES = 20
 _MAX_LABELS = 4096  # label pairs whose JSON is kept (labels made from data are formatted each time)
 
 
-def _wall_minus_perf() -> float:
-    """``time.time() - perf_counter()`` from the tightest of a few bracketed readings."""
-    best = (float("inf"), 0.0)
-    for _ in range(5):
-        before = time.perf_counter()
-        wall = time.time()
-        after = time.perf_counter()
-        best = min(best, (after - before, wall - (before + after) / 2))
-    return best[1]
-
-
 class _SpanLog:
     """The process's one span log: its folder, its file (opened at the first batch) and its thread."""
 
     def __init__(self, folder: str, process_role: Optional[str]) -> None:
         self.folder = folder
         self.process_role = process_role
-        self.base = _wall_minus_perf()
+        self.base = wall_minus_perf()
         self.started = time.time()
         from .idle import IdleTracker
 
@@ -225,30 +212,6 @@ def _rank() -> int:
 _LOG: list[_SpanLog] = []  # the process's span log, once started
 _LOG_LOCK = threading.Lock()
 _ANCHOR_SEQ: dict[str, int] = {}  # name -> anchors passed so far
-# The last anchors passed, spans on or off (perf_counter times): a written trace carries those of
-# its window (writing/trace_timeline.py). Bounded: an anchor every step for 256 steps.
-_RECENT_ANCHORS: collections.deque[tuple[str, int, float, float]] = collections.deque(maxlen=256)
-_BASE: list[float] = []  # wall minus perf_counter, taken once, when spans are off
-
-
-def to_wall(perf: float) -> float:
-    """A ``time.perf_counter()`` reading as seconds since the epoch, the span log's way: one
-    offset per process (the span log's own while it runs), so times keep the monotonic order.
-
-    >>> import time
-    >>> abs(to_wall(time.perf_counter()) - time.time()) < 1.0
-    True
-    """
-    if _LOG:
-        return perf + _LOG[0].base
-    if not _BASE:
-        _BASE.append(_wall_minus_perf())
-    return perf + _BASE[0]
-
-
-def recent_anchors() -> list[tuple[str, int, float, float]]:
-    """The clock anchors passed lately (at most 256): name, seq, entered and left (wall seconds)."""
-    return [(name, seq, to_wall(start), to_wall(end)) for name, seq, start, end in list(_RECENT_ANCHORS)]
 
 
 def start_span_log(folder: str, process_role: Optional[str] = None) -> None:
@@ -265,6 +228,7 @@ def start_span_log(folder: str, process_role: Optional[str] = None) -> None:
             return
         log = _SpanLog(folder, process_role)
         _LOG.append(log)
+        use_base(log.base)  # traces' anchors and this log's spans on one clock
         _recorder.spans_on(True)
         log.thread.start()
         atexit.register(log.close)
@@ -311,7 +275,7 @@ def clock_anchor(name: str = "barrier", *, group: Any = None) -> None:
     dist.barrier(group=group)
     end = _recorder._perf()
     _recorder.record_anchor(name, seq, start, end)
-    _RECENT_ANCHORS.append((name, seq, start, end))
+    note_anchor(name, seq, start, end)
 
 
 def _after_fork_in_child() -> None:
@@ -319,7 +283,6 @@ def _after_fork_in_child() -> None:
     global _LOG_LOCK
     _LOG_LOCK = threading.Lock()
     _LOG.clear()
-    _RECENT_ANCHORS.clear()
 
 
 at_fork_in_child(_after_fork_in_child)

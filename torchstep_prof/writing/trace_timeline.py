@@ -15,7 +15,7 @@ from ``baseTimeNanoseconds``: torch's monotonic clock turned into Unix time with
 taken when its profiler starts, as the span log turns ``perf_counter`` into wall time), the
 ``ProfilerStep#<n>`` range, the spans of other threads and tasks (wall nanoseconds), and the
 clock anchors passed since the process's previous trace (the span log's conversion,
-:func:`~torchstep_prof.timeline.span_log.to_wall`).
+:func:`~torchstep_prof.timeline.wall_clock.to_wall`).
 
 The ranges come from the pass :mod:`~torchstep_prof.writing.range_marks` makes over the
 exported file anyway (one search of the file); inserting the key rewrites the head, torch's

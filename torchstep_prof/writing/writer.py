@@ -333,7 +333,7 @@ class TraceWriter:
         ``torchstep-prof timeline`` (writing/trace_timeline.py), with the clock anchors passed
         since the previous trace. Extra: a trace whose spans cannot be read or added is written
         without them."""
-        from ..timeline.span_log import recent_anchors
+        from ..timeline.wall_clock import recent_anchors
         from ..topology import current_topology
 
         names = list(RANGE_NAMES.items())  # the training thread may add pairs meanwhile
