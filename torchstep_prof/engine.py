@@ -319,11 +319,11 @@ class Engine:
         if self._writer is not None:
             self._writer.forget_after_fork()
 
-    def warn_once(self, key: str, message: str, category: type[Warning], stacklevel: int = 4) -> None:
+    def warn_once(self, key: str, message: str, category: type[Warning]) -> None:
         """Warn with ``message`` the first time ``key`` comes up in this process."""
         if key not in self._warned:
             self._warned.add(key)
-            warn(message, category, stacklevel=stacklevel)
+            warn(message, category)
 
 
 @contextlib.contextmanager
