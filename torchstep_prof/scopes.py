@@ -4,8 +4,9 @@ Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``
 ``on_demand()``, ``stall()``, ``metrics()``, ``spans()``, ``auto_trace()``, ``configure()``.
 
 Each scope pushes a frame (``selection/frames.py``) for its block and tells the engine it was entered
-(the metrics endpoint and span log start, warm up) and exited (finish hooks, missed steps). Scopes are entered rarely, so they are
-generator context managers: that makes each one usable as a decorator for free.
+(the metrics endpoint and span log start, warm up) and exited (finish hooks, missed steps).
+Scopes are entered rarely, so they are generator context managers: that makes each one usable
+as a decorator for free.
 """
 
 from __future__ import annotations
