@@ -42,17 +42,7 @@ LAYERS: Sequence[tuple[str, Sequence[str]]] = (
 )  # fmt: skip
 
 # (importer, imported): why this import runs up and stays.
-UPWARD: Mapping[tuple[str, str], str] = {
-    ("selection.frames", "region_metrics.endpoint"): (
-        "frame_for starts the process's one metrics endpoint with the first frame that asks for "
-        "metrics (a side effect of making a frame); it belongs in the engine's scope entry, with "
-        "the rework of selection/frames.py"
-    ),
-    ("selection.frames", "timeline.span_log"): (
-        "frame_for starts the process's one span log with the first frame that turns spans on, as "
-        "it starts the metrics endpoint (the same move to the engine's scope entry fixes both)"
-    ),
-}
+UPWARD: Mapping[tuple[str, str], str] = {}
 
 
 def module_name(path: Path) -> str:

@@ -278,3 +278,23 @@ def test_a_hook_that_served_requests_does_not_run_again_with_no_traces(tmp_path)
     lines = runs.read_text().splitlines()
     assert len(lines) == 1, lines
     assert [parse_trace_name(p).step for p in lines[0].split(os.pathsep)] == [5, 6]
+
+
+def test_the_one_reader_follows_a_link_only_for_a_file_the_user_named(tmp_path):
+    from torchstep_prof._shared_files import SharedFileError, read_capped
+
+    (tmp_path / "trace.json").write_bytes(b"x" * 100)
+    (tmp_path / "link.json").symlink_to(tmp_path / "trace.json")
+    os.mkfifo(tmp_path / "pipe.json")
+    # A config file or a trace the user named: the link is followed, the cap is optional.
+    assert read_capped(str(tmp_path / "link.json"), None, follow_links=True) == b"x" * 100
+    assert read_capped(str(tmp_path / "link.json"), 100, follow_links=True) == b"x" * 100
+    # A file found in a shared folder: the link is refused; a FIFO and a big file say why.
+    with pytest.raises(SharedFileError, match="link.json: a symbolic link"):
+        read_capped(str(tmp_path / "link.json"), 100)
+    with pytest.raises(SharedFileError, match=r"pipe.json: not a regular file \(a FIFO\)") as fifo:
+        read_capped(str(tmp_path / "pipe.json"), None, follow_links=True)
+    assert fifo.value.mode is not None and stat.S_ISFIFO(fifo.value.mode) and not fifo.value.too_big
+    with pytest.raises(SharedFileError, match="trace.json: bigger than 99 bytes") as big:
+        read_capped(str(tmp_path / "trace.json"), 99)
+    assert big.value.too_big and big.value.mode is None

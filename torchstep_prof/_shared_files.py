@@ -9,7 +9,8 @@ Anyone who can write there can plant a link or a FIFO at a name the toolkit uses
   link at the final name instead of writing through it;
 - a file is read with ``O_NONBLOCK | O_NOFOLLOW`` (a FIFO cannot block the open, a link is refused),
   checked to be a regular file, and read up to a cap (a link to ``/dev/zero`` or a huge file
-  costs at most the cap);
+  costs at most the cap); a file the user named (a config file, a trace) is read by the same
+  function, following links, since the user chose it;
 - a private folder (``mkdtemp``: mode 0700, created exclusively) holds work that other tools
   write by name, such as torch's export.
 
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import errno
 import glob
+import io
 import os
 import secrets
 import stat
 import tempfile
-from typing import Callable, TypeVar
+from typing import Callable, Optional, TypeVar
 
 __all__ = [
     "SharedFileError",
@@ -44,14 +46,28 @@ _BINARY = getattr(os, "O_BINARY", 0)
 
 class SharedFileError(OSError):
     """A file in a shared folder that is not what it should be (a FIFO, a device, a link, too
-    big); the message names the file and what was found."""
+    big); the message names the file and what was found. A caller that words its own message
+    reads why: ``mode`` is the ``st_mode`` of a file that is not a regular one, ``too_big`` is
+    true for one over the cap."""
+
+    mode: Optional[int] = None
+    too_big = False
 
 
-def read_capped(path: str, limit: int) -> bytes:
-    """The bytes of the regular file at ``path``, at most ``limit`` of them.
+def _refused(message: str, mode: Optional[int] = None, too_big: bool = False) -> SharedFileError:
+    error = SharedFileError(message)
+    error.mode, error.too_big = mode, too_big
+    return error
 
-    Never blocks (a FIFO is refused, not waited on), never follows a link at ``path`` and never
-    reads more than ``limit + 1`` bytes. Raises :class:`SharedFileError` for a file that is not a
+
+def read_capped(path: str, limit: Optional[int], *, follow_links: bool = False) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``limit`` of them (``None``: no cap).
+
+    The package's one non-blocking reader of a file someone else may have put in place. Never blocks (a FIFO is
+    refused, not waited on), checks the very file opened (``fstat``, not a name that may change
+    meanwhile), never reads more than ``limit + 1`` bytes, and never follows a link at ``path``
+    unless ``follow_links`` (a file the user named: a config file, a trace; one found in a
+    shared folder is never followed). Raises :class:`SharedFileError` for a file that is not a
     regular file or is bigger than ``limit``, ``OSError`` when it cannot be opened.
 
     >>> read_capped("/dev/zero", 100)
@@ -60,17 +76,20 @@ def read_capped(path: str, limit: int) -> bytes:
     torchstep_prof._shared_files.SharedFileError: /dev/zero: not a regular file (a character device)
     """
     try:
-        fd = os.open(path, os.O_RDONLY | _NONBLOCK | _NOFOLLOW | _BINARY)
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK | _BINARY | (0 if follow_links else _NOFOLLOW))
     except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+        if exc.errno == errno.ELOOP and not follow_links:  # O_NOFOLLOW met a symbolic link
             raise SharedFileError(f"{path}: a symbolic link (refused: not written by the toolkit)") from None
         raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise SharedFileError(f"{path}: not a regular file ({_kind(info.st_mode)})")
+            raise _refused(f"{path}: not a regular file ({_kind(info.st_mode)})", mode=info.st_mode)
+        if limit is None:  # a regular file, read whole (readall sizes its buffer from fstat)
+            with io.FileIO(fd, closefd=False) as whole:
+                return whole.readall()
         if info.st_size > limit:
-            raise SharedFileError(f"{path}: bigger than {limit} bytes (refused)")
+            raise _refused(f"{path}: bigger than {limit} bytes (refused)", too_big=True)
         chunks: list[bytes] = []
         left = limit + 1
         while left > 0:
@@ -82,8 +101,8 @@ def read_capped(path: str, limit: int) -> bytes:
     finally:
         os.close(fd)
     data = b"".join(chunks)
-    if len(data) > limit:
-        raise SharedFileError(f"{path}: bigger than {limit} bytes (refused)")
+    if len(data) > limit:  # it grew since fstat
+        raise _refused(f"{path}: bigger than {limit} bytes (refused)", too_big=True)
     return data
 
 

@@ -25,9 +25,9 @@ from .recording.nvtx import NvtxRange
 from .recording.session import TraceSession, entered, new_range
 from .recording.slot import FOREIGN, Exiting, ProfilerSlot
 from .recording.stopped import Outcome, StoppedTrace
-from .region_metrics.endpoint import when_started as when_metrics_start
+from .region_metrics.endpoint import serve as serve_metrics, when_started as when_metrics_start
 from .selection import open_blocks, steps
-from .selection.frames import Frame, HookScope, when_env_sets_a_hook
+from .selection.frames import Frame, HookScope, when_env_sets_a_hook, when_the_root_resolves
 from .selection.rules import StepAction, last_selected_step
 from .selection.steps import CURRENT_STEP, StepBlock
 from .topology import current_topology
@@ -225,6 +225,18 @@ class Engine:
 
     # --- scopes and the finish hook ----------------------------------------------------------
 
+    def frame_in_force(self, frame: Frame) -> None:
+        """A frame comes into force (a scope is entering, or the root frame has read the
+        environment): the process's one metrics endpoint and one span log start with the first
+        frame that turns them on; a later frame that asks differently is warned about."""
+        config = frame.config
+        serve_metrics(config)  # returns at once with metrics off or the endpoint already decided
+        spans = config.spans
+        if spans is not None and spans.enable:
+            from .timeline.span_log import start_span_log  # imported only by a process with spans on
+
+            start_span_log(spans.dir, config.process_role)
+
     def prepare(self, frame: Frame) -> None:
         """A scope was entered: register the exit work, load the package's names (regions may
         profile from here on) and warm the profiler up if this rank may profile under it."""
@@ -319,11 +331,11 @@ class Engine:
         if self._writer is not None:
             self._writer.forget_after_fork()
 
-    def warn_once(self, key: str, message: str, category: type[Warning], stacklevel: int = 4) -> None:
+    def warn_once(self, key: str, message: str, category: type[Warning]) -> None:
         """Warn with ``message`` the first time ``key`` comes up in this process."""
         if key not in self._warned:
             self._warned.add(key)
-            warn(message, category, stacklevel=stacklevel)
+            warn(message, category)
 
 
 @contextlib.contextmanager
@@ -350,6 +362,7 @@ def _store() -> Any:
 
 ENGINE = Engine()
 when_env_sets_a_hook(ENGINE.ensure_atexit)
+when_the_root_resolves(ENGINE.frame_in_force)
 drive_on_demand_plans(ENGINE)
 
 

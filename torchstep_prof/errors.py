@@ -106,7 +106,7 @@ class TraceWriteWarning(TorchstepProfWarning):
     on and the failure is recorded (``tsp.records().traces``)."""
 
 
-def warn(message: str, category: type[Warning] = TorchstepProfWarning, stacklevel: int = 2) -> None:
+def warn(message: str, category: type[Warning] = TorchstepProfWarning) -> None:
     """Issue a profiling warning that points at the user's line and never raises into training.
 
     The warning names the innermost line of the user's code on this thread's stack (the
@@ -114,9 +114,11 @@ def warn(message: str, category: type[Warning] = TorchstepProfWarning, stackleve
     the package's line that noticed: frames of torchstep_prof, torch and the standard library
     that runs them are passed over. With no user code on the stack (the writer's thread, a
     hook's, ``torchstep-prof run`` before the script starts) it names no line at all
-    (``torchstep_prof:0:``). ``stacklevel`` is accepted for callers written against
-    ``warnings.warn`` and not used: the line is found, not counted. Control characters in
-    ``message`` are shown escaped (a label or request id could hold an escape sequence).
+    (``torchstep_prof:0:``). There is no ``stacklevel``: the line is found, not counted. A
+    count is true only for one path to the call, and the same warning is reached from a region,
+    a scope, a step block or a hook's thread at different depths; walking out of the package
+    names the user's line from any of them. Control characters in ``message`` are shown
+    escaped (a label or request id could hold an escape sequence).
 
     Under ``-W error`` (``warnings.simplefilter("error")``) ``warnings.warn`` raises: a failed
     write could then replace the user's own exception. The message goes to stderr instead.

@@ -26,7 +26,7 @@ class Engine(Protocol):
 
     def report_missed(self, frame: Frame) -> None: ...
 
-    def warn_once(self, key: str, message: str, category: type[Warning], stacklevel: int = 4) -> None: ...
+    def warn_once(self, key: str, message: str, category: type[Warning]) -> None: ...
 
     def finish(self, scope: HookScope, where: Any = None) -> None: ...
 
@@ -67,7 +67,7 @@ def _lose_at_exit(owner: OwnedTrace) -> None:
     where = f"thread {thread!r}" if thread is not None else f"thread {session.owner_thread}"
     reason = f"still recording in {where} at interpreter exit (torch can only stop it in that thread)"
     label = f"{session.owner_role}/{session.owner_stage}" if not session.fused else "fused trace"
-    warn(f"torchstep_prof: {label} trace of step {session.step} not written: {reason}", TraceWriteWarning, stacklevel=2)
+    warn(f"torchstep_prof: {label} trace of step {session.step} not written: {reason}", TraceWriteWarning)
     if session.keep:
         session.record_unwritten(reason)
 
@@ -134,7 +134,6 @@ def _flush_at_exit(engine: Engine) -> bool:
             "torchstep_prof: interrupted at exit while traces were still being written; still "
             "waiting for them (Ctrl-C again exits without the traces not yet on disk)",
             TraceWriteWarning,
-            stacklevel=2,
         )
         engine.flush_pending_writes()
         return True
@@ -143,6 +142,5 @@ def _flush_at_exit(engine: Engine) -> bool:
         warn(
             "torchstep_prof: interrupted again at exit; exiting without the traces not yet on disk (no summary)",
             TraceWriteWarning,
-            stacklevel=2,
         )
         return False

@@ -95,6 +95,8 @@ STATES: tuple[State, ...] = (
            "no reset: registered once at import", _KEPT),
     _state("selection.frames", "_ON_DEMAND_FRAMES", "registry", "callbacks for frames that opt in to on-demand traces",
            "no reset: registered once at import", _KEPT),
+    _state("selection.frames", "_ON_ROOT_RESOLVED", "registry", "callbacks when the root frame reads the environment "
+           "(the engine's)", "no reset: registered once at import", _KEPT),
     _state("selection.frames", "HookScope._ordinals", "class attribute", "the count of hook scopes made, per kind",
            "no reset: scope ids name node-sync folders, so they stay unique for the process's life; "
            "no test depends on their numbers", _KEPT),

@@ -4,8 +4,9 @@ Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``
 ``on_demand()``, ``stall()``, ``metrics()``, ``spans()``, ``auto_trace()``, ``configure()``.
 
 Each scope pushes a frame (``selection/frames.py``) for its block and tells the engine it was entered
-(warm up) and exited (finish hooks, missed steps). Scopes are entered rarely, so they are
-generator context managers: that makes each one usable as a decorator for free.
+(the metrics endpoint and span log start, warm up) and exited (finish hooks, missed steps).
+Scopes are entered rarely, so they are generator context managers: that makes each one usable
+as a decorator for free.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def _pushed(fields: dict[str, Any] | ProfilerConfig) -> Iterator[ProfilerConfig]
     code_config = fields if isinstance(fields, ProfilerConfig) else evolve_checked(base, fields)
     sets_hook = isinstance(fields, ProfilerConfig) or "finish_hook" in fields
     frame = frame_for(code_config, parent, sets_hook)
+    ENGINE.frame_in_force(frame)  # the metrics endpoint, the span log: started before the push
     frame_token = _STACK.set(frame)
     code_token = _CODE_CONFIG.set(code_config)
     ENGINE.prepare(frame)

@@ -174,7 +174,7 @@ def _warn_once(message: str) -> None:
     # process group, and a DataLoader worker need not repeat its parent's warning.
     if message not in _warned:
         _warned.add(message)
-        warn(message, stacklevel=4)
+        warn(message)
 
 
 # (process group it was computed for, topology). The environment of a process does not change

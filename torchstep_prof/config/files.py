@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Union
 
-from .._shared_files import replace_exclusively
+from .._shared_files import SharedFileError, read_capped, replace_exclusively
 from .model import ProfilerConfig
 from .converter import from_dict, to_dict
 from ..errors import ConfigError, Problem
@@ -63,29 +63,20 @@ def load_config(path: PathLike) -> ProfilerConfig:
 
 def _read_text(path: PathLike) -> bytes:
     """The file's bytes: a regular file of at most MAX_CONFIG_BYTES, opened without blocking
-    (a FIFO or a device put in a config file's place is refused, never waited on)."""
+    (a FIFO or a device put in a config file's place is refused, never waited on); a link is
+    followed (the user named the file)."""
     import stat
 
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        if not stat.S_ISREG(mode):
-            raise _file_error(path, "is not a regular file (a FIFO, socket or device is never read)")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_CONFIG_BYTES:
-            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    if size > MAX_CONFIG_BYTES:
-        raise _file_error(path, f"is larger than {MAX_CONFIG_BYTES // 1024} KiB, the most a config file may hold")
-    return b"".join(chunks)
+        return read_capped(os.fspath(path), MAX_CONFIG_BYTES, follow_links=True)
+    except SharedFileError as exc:
+        if exc.too_big:
+            raise _file_error(
+                path, f"is larger than {MAX_CONFIG_BYTES // 1024} KiB, the most a config file may hold"
+            ) from None
+        if exc.mode is not None and stat.S_ISDIR(exc.mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)) from None
+        raise _file_error(path, "is not a regular file (a FIFO, socket or device is never read)") from None
 
 
 def dump_config(cfg: ProfilerConfig, path: PathLike) -> None:

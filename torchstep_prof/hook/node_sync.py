@@ -83,7 +83,6 @@ def mark_finished(scope_id: str, local_rank: int, environ: Optional[Mapping[str,
             f"finish hook: local rank {local_rank} could not mark its profiling finished ({exc}); "
             f"the node's uploader will report it missing",
             FinishHookWarning,
-            stacklevel=2,
         )
 
 
@@ -112,7 +111,6 @@ def wait_for_node(
             f"finish hook: cannot wait for the node's ranks ({exc}); running the per-node hook now "
             f"without waiting for them",
             FinishHookWarning,
-            stacklevel=2,
         )
         return tuple(sorted(wanted))
     while True:

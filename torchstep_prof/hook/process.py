@@ -277,4 +277,4 @@ def warn_hook(message: str) -> None:
     # The warning is what the user sees; the log line is at INFO so an unconfigured logging
     # setup does not print the same message a second time.
     _log.info(message)
-    warn(message, FinishHookWarning, stacklevel=3)
+    warn(message, FinishHookWarning)

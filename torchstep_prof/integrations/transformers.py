@@ -103,7 +103,6 @@ class TorchstepProfCallback(TrainerCallback):
                 "an exception inside this train() call may leave a step open. "
                 "Pass it as Trainer(callbacks=[TorchstepProfCallback(...)]).",
                 TorchstepProfWarning,
-                stacklevel=2,
             )
         self._driver.start()
         if trainer is not None:

@@ -239,7 +239,7 @@ class Reporter:
         if key in self._warned or len(self._warned) >= _MAX_WARNINGS:
             return
         self._warned.add(key)
-        warn(message, TorchstepProfWarning, stacklevel=2)
+        warn(message, TorchstepProfWarning)
 
 
 def watch(frame: Frame) -> None:
@@ -269,7 +269,6 @@ def watch(frame: Frame) -> None:
             warn(
                 f"torchstep_prof: live status is off: {settings.dir!r} cannot be used ({exc})",
                 TorchstepProfWarning,
-                stacklevel=3,
             )
             return
         LIVE.reporter = reporter

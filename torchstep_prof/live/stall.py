@@ -100,7 +100,6 @@ def fire(report: StallReport, rule: Optional[StallConfig], save_path: str, topol
         f"torchstep_prof: rank {report.rank} has made no step progress for {_seconds(report.quiet_s)} {step}; "
         f"{written} (`torchstep-prof status {report.folder}` shows every rank)",
         TorchstepProfWarning,
-        stacklevel=2,
     )
     if rule is not None and rule.cmd is not None:
         threading.Thread(

@@ -59,4 +59,4 @@ def _warn_once(key: Any, message: str) -> None:
         if key in _WARNED or len(_WARNED) >= _MAX_REMEMBERED:
             return
         _WARNED.add(key)
-    warn(message, LabelWarning, stacklevel=5)
+    warn(message, LabelWarning)

@@ -32,7 +32,7 @@ _warned: set[str] = set()
 def _warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        warn(message, TorchstepProfWarning, stacklevel=3)
+        warn(message, TorchstepProfWarning)
 
 
 @functools.lru_cache(maxsize=1)

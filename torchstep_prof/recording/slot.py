@@ -63,7 +63,7 @@ class Foreign(enum.Enum):
 FOREIGN = Foreign.FOREIGN
 """What :meth:`ProfilerSlot.start` returns when someone else's profiler runs (none of ours)."""
 
-WarnOnce = Callable[[str, str, "type[Warning]", int], None]
+WarnOnce = Callable[[str, str, "type[Warning]"], None]
 
 
 class Exiting(Protocol):
@@ -175,7 +175,6 @@ class ProfilerSlot:
                 f"torchstep_prof: the profiler failed to start for {label} step {step} ({exc!r}); "
                 "the block runs unprofiled",
                 ProfilerStartWarning,
-                stacklevel=6,
             )
             session.record_unwritten(f"profiler failed to start: {exc!r}")
             return None
@@ -286,7 +285,6 @@ class ProfilerSlot:
             f"torchstep_prof: {reason}; torchstep_prof starts no profiler of its own while it runs "
             "(a second Kineto session would crash it): regions run unprofiled meanwhile",
             ForeignProfilerWarning,
-            5,
         )
         return True
 

@@ -89,7 +89,6 @@ def _start_server(metrics: MetricsConfig) -> tuple[Optional[tuple[str, int]], An
             f"torchstep_prof: metrics port {metrics.port} + local rank is {port}, above 65535: "
             "no metrics endpoint (choose a lower metrics.port)",
             MetricsWarning,
-            stacklevel=5,
         )
         return None, None
     try:
@@ -99,7 +98,6 @@ def _start_server(metrics: MetricsConfig) -> tuple[Optional[tuple[str, int]], An
             "torchstep_prof: metrics are on but prometheus_client is not installed "
             "(pip install 'torchstep_prof[metrics]'): regions are timed, nothing is served",
             MetricsWarning,
-            stacklevel=5,
         )
         return None, None
     from .collector import RegionCollector
@@ -114,7 +112,6 @@ def _start_server(metrics: MetricsConfig) -> tuple[Optional[tuple[str, int]], An
             f"torchstep_prof: cannot serve metrics on {metrics.addr}:{port} ({exc}); training goes on "
             "without a metrics endpoint (set metrics.port to a free port; each process uses port + LOCAL_RANK)",
             MetricsWarning,
-            stacklevel=5,
         )
         return None, None
     return (metrics.addr, server.server_address[1]), server
@@ -126,4 +123,4 @@ _warned: set[str] = set()
 def _warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        warn(message, MetricsWarning, stacklevel=5)
+        warn(message, MetricsWarning)

@@ -156,7 +156,6 @@ def _series_of(role: Any, stage: Any) -> tuple[Any, Any]:
             f"{text[0]!r}/{text[1]!r} and every later new pair are counted as role 'other', stage 'other' "
             "(labels should name code, not data such as step numbers or sample ids)",
             MetricsWarning,
-            stacklevel=6,
         )
     return series
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Frame", "HookScope", "current_frame", "env_hook_scope", "frame_if_read", "when_a_frame_opts_in",
-    "when_env_sets_a_hook",
+    "when_env_sets_a_hook", "when_the_root_resolves",
 ]  # fmt: skip
 
 # Called when the environment sets a finish hook: the engine registers its at-exit work there, so
@@ -46,6 +46,17 @@ _ON_DEMAND_FRAMES: list[Callable[[Frame], None]] = []
 def when_a_frame_opts_in(callback: Callable[[Frame], None]) -> None:
     """Call ``callback(frame)`` for each frame made with an ``on_demand`` or ``stall`` section."""
     _ON_DEMAND_FRAMES.append(callback)
+
+
+# Called with the root frame once it has read the environment: the engine starts there what a
+# scope's entry starts (the metrics endpoint, the span log), for a process that turns them on
+# through the environment alone and enters no scope.
+_ON_ROOT_RESOLVED: list[Callable[[Frame], None]] = []
+
+
+def when_the_root_resolves(callback: Callable[[Frame], None]) -> None:
+    """Call ``callback(root_frame)`` each time the root frame reads the environment."""
+    _ON_ROOT_RESOLVED.append(callback)
 
 
 class HookScope:
@@ -265,6 +276,8 @@ def current_frame() -> Frame:
     if frame is _ROOT and not _ROOT_RESOLVED:
         _ROOT.resolve()
         _ROOT_RESOLVED = True
+        for callback in _ON_ROOT_RESOLVED:  # the engine: what the environment turns on starts now
+            callback(_ROOT)
     return frame
 
 
@@ -310,14 +323,6 @@ def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: b
     else:
         hook_scope = parent_hook
     frame = Frame(config, hook_scope)
-    if frame.metrics is config.metrics and config.metrics is not None:  # the process's one endpoint
-        from ..region_metrics.endpoint import serve  # starts with the first such frame
-
-        serve(config)
-    if config.spans is not None and config.spans.enable:  # likewise its one span log
-        from ..timeline.span_log import start_span_log
-
-        start_span_log(config.spans.dir, config.process_role)
     from .missed_steps import ScheduleScope
 
     frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)

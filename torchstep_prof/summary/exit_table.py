@@ -322,7 +322,6 @@ def print_summary_at_exit(wanted: bool) -> None:
         warn(
             "torchstep_prof: interrupted at exit; exiting without the traces not yet on disk (no summary)",
             TraceWriteWarning,
-            stacklevel=2,
         )
         return
     if (data or _metrics_lines()) and wanted and not summary_disabled():

@@ -169,4 +169,4 @@ class Plan:
         # A line of its own, not the missed-steps row: that one says the steps never ran, and
         # these did, unprofiled, before this rank read the request.
         STORE.add_attention(f"on-demand-{self.request.id}", line)
-        warn(f"torchstep_prof: {line}", TorchstepProfWarning, stacklevel=2)
+        warn(f"torchstep_prof: {line}", TorchstepProfWarning)

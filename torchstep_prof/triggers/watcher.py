@@ -315,7 +315,7 @@ class Watcher:
             message = (
                 f"torchstep_prof: on-demand: {_MAX_WARNINGS} warnings about {self.folder}; later ones are not shown"
             )
-        warn(message, TorchstepProfWarning, stacklevel=2)
+        warn(message, TorchstepProfWarning)
 
 
 def _served_entry(entry: Any) -> bool:
@@ -364,7 +364,6 @@ def watch(frame: Frame) -> None:
             warn(
                 f"torchstep_prof: on-demand traces are off: {config.dir!r} cannot be used ({exc})",
                 TorchstepProfWarning,
-                stacklevel=3,
             )
             return
         ON_DEMAND.watcher = watcher
@@ -418,7 +417,6 @@ def _warn_auto_needs(no_folder: bool, no_metrics: bool) -> None:
         f"torchstep_prof: auto_trace is off: it needs {' and '.join(missing)} on too "
         f"({'; '.join(examples[m] for m in missing)})",
         TorchstepProfWarning,
-        stacklevel=4,
     )
 
 

@@ -261,7 +261,7 @@ class TraceWriter:
         written, problem = write_snapshot(trace.memory_snapshot, temporary, path)
         if problem is not None:
             if self._first(("memory snapshot", "")):  # one warning a process: each trace has its own
-                warn(f"torchstep_prof: {problem}", TraceWriteWarning, stacklevel=2)
+                warn(f"torchstep_prof: {problem}", TraceWriteWarning)
         return written
 
     def _prepare_folder(self, folder: str) -> None:
@@ -359,7 +359,7 @@ class TraceWriter:
         try:
             on_written(final)
         except Exception as exc:  # the file is written and recorded: report, do not fail it
-            warn(f"torchstep_prof: after writing {path}: {exc!r}", TraceWriteWarning, stacklevel=2)
+            warn(f"torchstep_prof: after writing {path}: {exc!r}", TraceWriteWarning)
 
     def _first(self, kind: tuple[str, str]) -> bool:
         """Whether a failure of this ``kind`` is the first of the process (then warned about)."""
@@ -379,7 +379,6 @@ class TraceWriter:
                 f"torchstep_prof: trace {record.role}/{record.stage} step {record.step} not written: {error}. "
                 "Training continues; later failures of this kind are only recorded.",
                 TraceWriteWarning,
-                stacklevel=2,
             )
 
 

@@ -11,9 +11,10 @@ import gzip
 import io
 import os
 import stat
-from typing import IO, Any
+from typing import Any
 
 from ._json import loads
+from ..._shared_files import SharedFileError, read_capped
 from ...errors import TorchstepProfError
 
 __all__ = ["INFLATE_MIN_BYTES", "INFLATE_RATIO", "TraceReadError", "describe_error", "inflate_limit", "load_trace"]
@@ -42,8 +43,7 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     path = os.fspath(path)
     try:
-        with _open_regular(path) as handle:
-            data: bytes | bytearray = handle.read()
+        data: bytes | bytearray = _read_regular(path)
         if data[:2] == _GZIP_MAGIC:
             data = _inflate(path, data)
     except TraceReadError:
@@ -97,28 +97,24 @@ _FILE_KINDS = (
 )
 
 
-def _open_regular(path: str) -> IO[bytes]:
-    """``path`` opened for reading, once it is known to be a regular file.
+def _read_regular(path: str) -> bytes:
+    """The bytes of ``path``, once it is known to be a regular file.
 
     A fifo named ``x.json`` would block a plain ``open`` until a writer comes, and a link to
-    ``/dev/zero`` would be read forever: the file is opened without blocking and checked with
-    ``fstat`` (the very file opened, not a name that may change meanwhile) before one byte is read.
+    ``/dev/zero`` would be read forever: ``_shared_files.read_capped`` opens it without blocking
+    and checks the very file opened before one byte is read. A link is followed (the user named
+    the file), and the file is read whole (a trace has no cap; a gzip's inflating has).
     """
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        return read_capped(path, None, follow_links=True)
     except FileNotFoundError:
         if os.path.islink(path):
             raise TraceReadError(f"{path}: a symbolic link to nothing (to {os.readlink(path)}), not read") from None
         raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((what for test, what in _FILE_KINDS if test(mode)), "a special file")
-            raise TraceReadError(f"{path}: not a regular file ({kind}), not read")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    except SharedFileError as exc:
+        mode = exc.mode if exc.mode is not None else 0
+        kind = next((what for test, what in _FILE_KINDS if test(mode)), "a special file")
+        raise TraceReadError(f"{path}: not a regular file ({kind}), not read") from None
 
 
 def describe_error(exc: BaseException) -> str:
