@@ -76,7 +76,7 @@ def child(mode: str, steps: int) -> None:
         fields = {"stall": {"dir": f"{scratch}/status", "after_s": 600, "poll_s": 3600}} if mode != "off" else {}
         with tsp.configure(save_path=scratch, summary=False, **fields):  # type: ignore[arg-type]
             if mode == "poll":
-                reporter = LIVE.reporter
+                reporter = LIVE.running
                 assert reporter is not None
 
                 def polls() -> None:
@@ -162,7 +162,7 @@ def one_poll(report: Report) -> None:
 
     with tempfile.TemporaryDirectory(prefix="tsp-bench-stall-") as scratch:
         with tsp.stall(f"{scratch}/status", after_s=600, poll_s=3600), tsp.step(1), tsp.profile_region("a", "b"):
-            reporter = LIVE.reporter
+            reporter = LIVE.running
             assert reporter is not None
             times: list[float] = []
 

@@ -21,9 +21,10 @@ PACKAGE = ROOT / "torchstep_prof"
 LAYERS: Sequence[tuple[str, Sequence[str]]] = (
     # Foundations: no knowledge of profiling state. Errors and warn(), printable text, the fork
     # handler, files in shared folders, decorators, the Ctrl-C guard, the list of process-wide
-    # state, the rank, the background work registry, and the one trace-name builder.
+    # state, the rank, the background work registry, the one-worker-per-process slot, and the one
+    # trace-name builder.
     ("foundations", ("errors", "rendering", "_fork", "_shared_files", "_wrapping", "interrupts", "process_state",
-                     "topology", "background", "naming", "traces",
+                     "topology", "background", "one_per_process", "naming", "traces",
                      "slow_steps.rule", "slow_steps.why", "timeline.wall_clock")),
     # The records every later layer fills (a trace written, a hook run): data only.
     ("records", ("summary.records",)),

@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ._fork import at_fork_in_child
-from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn
+from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn, warn_once
 from .recording.range_names import range_name
 from .recording.nvtx import NvtxRange
 from .recording.session import TraceSession, entered, new_range
@@ -333,9 +333,7 @@ class Engine:
 
     def warn_once(self, key: str, message: str, category: type[Warning]) -> None:
         """Warn with ``message`` the first time ``key`` comes up in this process."""
-        if key not in self._warned:
-            self._warned.add(key)
-            warn(message, category)
+        warn_once(self._warned, key, message, category)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import attrs
 
@@ -140,6 +140,32 @@ def warn(message: str, category: type[Warning] = TorchstepProfWarning) -> None:
             sys.stderr.write(f"{category.__name__}: {message}\n")
         except (OSError, ValueError, AttributeError):  # no usable stderr: nothing more to do
             pass
+
+
+def warn_once(
+    warned: set[Any],
+    key: Any,
+    message: str,
+    category: type[Warning] = TorchstepProfWarning,
+    *,
+    limit: Optional[int] = None,
+    past_limit: Optional[str] = None,
+) -> None:
+    """:func:`warn` with ``message`` the first time ``key`` comes up in ``warned`` (the caller's
+    keys warned about). After ``limit`` different keys (None: no limit) later ones are not
+    shown; ``past_limit``, if given, is said once instead (a folder anyone can write can make a
+    new failure at each poll).
+
+    >>> warn_once(_warned, ("write", errno), f"torchstep_prof: {path} cannot be written")  # doctest: +SKIP
+    """
+    if key in warned:
+        return
+    if limit is not None and len(warned) >= limit:
+        if past_limit is None or len(warned) > limit:
+            return
+        message = past_limit
+    warned.add(key)
+    warn(message, category)
 
 
 # Modules whose frames a warning never points at: ours, torch's (a run's optimizer and module

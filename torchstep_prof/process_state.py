@@ -47,6 +47,7 @@ _NEW_LOCK = "made anew by the module's fork handler (another thread may have hel
 _LOCK_TESTS = "no reset: a lock holds nothing between calls"
 _ONCE = "cleared, so each test sees the warnings a new process gives"
 _NOT_THE_CHILDS = "not the child's (only the forking thread exists in a child)"
+_ONE_PER_PROCESS = "forgotten, its lock made anew, by one_per_process.py's fork handler"
 
 
 def _state(module: str, name: str, kind: str, holds: str, tests: str, fork: str, reset: Any = None) -> State:
@@ -213,20 +214,18 @@ STATES: tuple[State, ...] = (
            "no reset: as _LOG", _NOT_THE_CHILDS),
     _state("triggers.plan", "ENGINE", "registry", "the engine on-demand plans drive (registered by engine.py)",
            "no reset: registered once at import", _KEPT),
-    _state("triggers.watcher", "ON_DEMAND", "singleton", "the poll thread in force (on-demand traces)",
-           "no reset: the scope that starts it stops it on exit", "forgotten by the watcher's fork handler"),
+    _state("triggers.watcher", "ON_DEMAND", "singleton", "the poll thread in force (on-demand traces), and its lock",
+           "no reset: the scope that starts it stops it on exit", _ONE_PER_PROCESS),
     _state("triggers.watcher", "thread", "thread", "torchstep_prof-on-demand: polls the trigger folder",
            "no reset: stopped by its scope's exit", _NOT_THE_CHILDS),
-    _state("triggers.watcher", "_LOCK", "lock", "guards the watcher's start and stop", _LOCK_TESTS, _NEW_LOCK),
     _state("live.open_regions", "_LOCAL", "thread-local", "each thread's open regions (live status)",
            "no reset: every region a test opens it closes", "the forking thread's kept"),
     _state("live.open_regions", "_LISTS", "registry", "every thread's list of open regions",
            "no reset: a dead thread's list is dropped when the status thread reads them",
            "only the forking thread's kept, by the module's fork handler"),
     _state("live.open_regions", "_LISTS_LOCK", "lock", "guards _LISTS", _LOCK_TESTS, _NEW_LOCK),
-    _state("live.reporter", "LIVE", "singleton", "the live-status reporter in force (a stall or on-demand scope)",
-           "no reset: the scope that starts it stops it on exit", "forgotten by the reporter's fork handler"),
-    _state("live.reporter", "_LOCK", "lock", "guards the reporter's start and stop", _LOCK_TESTS, _NEW_LOCK),
+    _state("live.reporter", "LIVE", "singleton", "the live-status reporter in force (a stall or on-demand scope), and its lock",
+           "no reset: the scope that starts it stops it on exit", _ONE_PER_PROCESS),
     _state("live.reporter", "thread", "thread", "torchstep_prof-live: writes this rank's live status",
            "no reset: stopped by its scope's exit", _NOT_THE_CHILDS),
     _state("live.stall", "thread", "thread", "torchstep_prof-stall-cmd: runs a stall's command once",

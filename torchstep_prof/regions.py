@@ -82,14 +82,14 @@ CURRENT_STEP = _steps.CURRENT_STEP  # the step block in force: CURRENT_STEP.get(
 _STACK = _frames._STACK  # the innermost scope frame: _STACK.get(_ROOT)
 _COUNTERS = _steps.COUNTERS  # role -> stage -> counter: read on every counted region
 _GROUPS = group_registry()  # its _default_pg: the group a frame's rank_no holds for
-_ON_DEMAND = _watcher.ON_DEMAND  # its .watcher: None unless a scope opted in to on-demand traces
+_ON_DEMAND = _watcher.ON_DEMAND  # its .running: the watcher, None unless a scope opted in to on-demand traces
 _Timed = _recorder.TimedRegion  # metrics on: a region timed, not profiled
 _TimedInner = _recorder.TimedInner  # metrics on: a range or a trace, timed
 _perf = _recorder._perf
 _record_step = _recorder.record_step
 _count = _steps.count  # the next number of (role, stage)'s counter
 _new_range: Callable[[str], Region] = new_range  # a torch range, not yet entered
-_LIVE = _live_reporter.LIVE  # its .reporter: None unless a scope opted in to live status
+_LIVE = _live_reporter.LIVE  # its .running: the reporter, None unless a scope opted in to live status
 _OpenIdle = _live_regions.OpenIdle  # live status on: a not-profiled region, shown while open
 _OpenRegion = _live_regions.OpenRegion  # live status on: any other region, shown while open
 
@@ -278,9 +278,9 @@ class step:
         work starts; its end is :meth:`_end`, whose engine part is ``Engine.step_exited``."""
         frame = current_frame()
         self._frame_token = None
-        if _LIVE.reporter is not None:  # live status: the status thread reads the step
-            _LIVE.reporter.at_step(self.number)
-        watcher = _ON_DEMAND.watcher
+        if _LIVE.running is not None:  # live status: the status thread reads the step
+            _LIVE.running.at_step(self.number)
+        watcher = _ON_DEMAND.running
         if watcher is not None:  # on-demand traces: a requested step profiles under its own frame
             planned = watcher.at_step(frame, self.number)
             if planned is not frame:

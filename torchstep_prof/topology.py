@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional
 import attrs
 
 from ._fork import at_fork_in_child
-from .errors import TorchstepProfWarning, warn
+from .errors import TorchstepProfWarning, warn, warn_once
 
 __all__ = ["Topology", "current_topology", "default_group", "group_registry"]
 
@@ -172,9 +172,7 @@ _warned: set[str] = set()
 def _warn_once(message: str) -> None:
     # Once per process and message: the topology is resolved again after a fork or a new
     # process group, and a DataLoader worker need not repeat its parent's warning.
-    if message not in _warned:
-        _warned.add(message)
-        warn(message)
+    warn_once(_warned, message, message)
 
 
 # (process group it was computed for, topology). The environment of a process does not change

@@ -11,7 +11,6 @@ The stall detector (stall.py) runs on the same thread: it never touches the trai
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import socket
@@ -23,10 +22,10 @@ from typing import Any, Optional
 
 import attrs
 
-from .._fork import at_fork_in_child
 from .._shared_files import replace_exclusively
 from ..config.model import ProfilerConfig, StallConfig
-from ..errors import TorchstepProfWarning, warn
+from ..errors import TorchstepProfWarning, warn, warn_once
+from ..one_per_process import OnePerProcess
 from ..selection.frames import Frame, when_a_frame_opts_in
 from ..topology import current_topology
 from ..triggers.watcher import ON_DEMAND
@@ -65,18 +64,9 @@ def settings_of(config: ProfilerConfig) -> Optional[LiveSettings]:
     return LiveSettings(dir=os.path.abspath(folder), poll_s=stall.poll_s, stall=stall)
 
 
-class _State:
-    """The one process-wide place a step boundary looks: ``reporter`` is None unless a scope
-    opted in (so a job that did not pays one attribute read per step block)."""
-
-    __slots__ = ("reporter",)
-
-    def __init__(self) -> None:
-        self.reporter: Optional[Reporter] = None
-
-
-LIVE = _State()
-_LOCK = threading.Lock()
+# The one process-wide place a step boundary looks: ``LIVE.running`` is None unless a scope
+# opted in (so a job that did not pays one attribute read per step block).
+LIVE: OnePerProcess[Reporter] = OnePerProcess()
 
 
 class Reporter:
@@ -236,10 +226,7 @@ class Reporter:
         )
 
     def _warn_once(self, key: str, message: str) -> None:
-        if key in self._warned or len(self._warned) >= _MAX_WARNINGS:
-            return
-        self._warned.add(key)
-        warn(message, TorchstepProfWarning)
+        warn_once(self._warned, key, message, limit=_MAX_WARNINGS)
 
 
 def watch(frame: Frame) -> None:
@@ -248,20 +235,20 @@ def watch(frame: Frame) -> None:
     settings = settings_of(frame.config)
     if settings is None:
         return
-    with _LOCK:
-        running = LIVE.reporter
-        if running is not None:
-            if running.settings != settings and settings.stall is not None:
-                running._warn_once(
-                    f"second-{settings}",
-                    f"torchstep_prof: stall settings for {settings.dir!r} ignored: this process already "
-                    f"keeps its live status in {running.settings.dir!r}",
-                )
-            return
+
+    def second(running: Reporter) -> None:
+        if running.settings != settings and settings.stall is not None:
+            running._warn_once(
+                f"second-{settings}",
+                f"torchstep_prof: stall settings for {settings.dir!r} ignored: this process already "
+                f"keeps its live status in {running.settings.dir!r}",
+            )
+
+    def make() -> Optional[Reporter]:
         reporter = Reporter(settings, frame.config.process_role, frame.config.save_path)
         # Only the on-demand folder, no stall rule: its poll thread (started first, for the
         # same frame) writes the live status too.
-        watcher = ON_DEMAND.watcher
+        watcher = ON_DEMAND.running
         rides = watcher if settings.stall is None and watcher is not None and watcher.folder == settings.dir else None
         try:
             reporter.start(rides)
@@ -270,9 +257,10 @@ def watch(frame: Frame) -> None:
                 f"torchstep_prof: live status is off: {settings.dir!r} cannot be used ({exc})",
                 TorchstepProfWarning,
             )
-            return
-        LIVE.reporter = reporter
-    atexit.register(_stop_at_exit, reporter)
+            return None
+        return reporter
+
+    LIVE.start(make, second)
 
 
 def scope_left(frame: Frame, parent: Frame) -> None:
@@ -280,31 +268,7 @@ def scope_left(frame: Frame, parent: Frame) -> None:
     settings = settings_of(frame.config)
     if settings is None or settings_of(parent.config) == settings:
         return
-    with _LOCK:
-        reporter = LIVE.reporter
-        if reporter is None or reporter.settings != settings:
-            return
-        LIVE.reporter = None
-    reporter.stop()
+    LIVE.stop_if(lambda reporter: reporter.settings == settings)
 
-
-def _stop_at_exit(reporter: Reporter) -> None:
-    with _LOCK:
-        if LIVE.reporter is not reporter:
-            return
-        LIVE.reporter = None
-    try:
-        reporter.stop()
-    except Exception:  # interpreter exit: nothing to report to
-        pass
-
-
-def _forget_after_fork() -> None:
-    global _LOCK
-    _LOCK = threading.Lock()
-    LIVE.reporter = None  # the status thread is the parent's
-
-
-at_fork_in_child(_forget_after_fork)
 
 when_a_frame_opts_in(watch)

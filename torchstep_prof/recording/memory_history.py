@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..errors import TorchstepProfWarning, warn
+from ..errors import warn_once
 
 __all__ = ["CONTENT", "MAX_ENTRIES", "MemoryHistory"]
 
@@ -30,9 +30,7 @@ _warned: set[str] = set()
 
 
 def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warn(message, TorchstepProfWarning)
+    warn_once(_warned, key, message)
 
 
 @functools.lru_cache(maxsize=1)

@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from ..config.model import MetricsConfig, ProfilerConfig
-from ..errors import MetricsWarning, warn
+from ..errors import MetricsWarning, warn, warn_once
 
 __all__ = ["endpoint", "forget", "serve", "when_started"]
 
@@ -61,11 +61,13 @@ def serve(config: ProfilerConfig) -> None:
         return
     if _started is not None:  # already decided; the usual path (each scope entry)
         if (metrics.port, metrics.addr, metrics.buckets) != (_started.port, _started.addr, _started.buckets):
-            _warn_once(
+            warn_once(
+                _warned,
                 "differs",
                 f"torchstep_prof: metrics are already served as configured first "
                 f"(port {_started.port}, addr {_started.addr}, its buckets); "
                 f"this process has one endpoint: ignoring {metrics!r}",
+                MetricsWarning,
             )
         return
     with _LOCK:
@@ -118,9 +120,3 @@ def _start_server(metrics: MetricsConfig) -> tuple[Optional[tuple[str, int]], An
 
 
 _warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warn(message, MetricsWarning)

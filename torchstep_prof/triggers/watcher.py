@@ -2,7 +2,7 @@
 
 A job that opts in (``on_demand: {dir: ...}``) gets one daemon thread per process. Every
 ``poll_s`` it writes this rank's status (status.py) and reads the request file (request.py);
-a new, valid request becomes the process-wide plan (plan.py) in ``ON_DEMAND.watcher.plan``. The
+a new, valid request becomes the process-wide plan (plan.py) in ``ON_DEMAND.running.plan``. The
 training thread does the least it can: a step boundary stores its step number on the watcher
 and reads ``plan`` (``None`` almost always); on a planned step the block pushes the plan's
 frame, so regions inside decide under it as under any schedule.
@@ -13,7 +13,6 @@ restarted poll thread reads the ids back.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import socket
@@ -23,10 +22,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Optional
 
 
-from .._fork import at_fork_in_child
 from .._shared_files import SharedFileError, replace_exclusively
 from ..config.model import OnDemandConfig
-from ..errors import ConfigError, TorchstepProfWarning, warn
+from ..errors import ConfigError, TorchstepProfWarning, warn, warn_once
+from ..one_per_process import OnePerProcess
 from ..selection.frames import Frame, frame_if_read, when_a_frame_opts_in
 from ..topology import current_topology
 from .plan import ENGINE, Plan
@@ -40,18 +39,9 @@ if TYPE_CHECKING:
 __all__ = ["ON_DEMAND", "Watcher", "scope_left", "watch"]
 
 
-class _State:
-    """The one process-wide place a step boundary looks: ``watcher`` is None unless a scope
-    opted in (so a job that did not pays one attribute read per step block)."""
-
-    __slots__ = ("watcher",)
-
-    def __init__(self) -> None:
-        self.watcher: Optional[Watcher] = None
-
-
-ON_DEMAND = _State()
-_LOCK = threading.Lock()
+# The one process-wide place a step boundary looks: ``ON_DEMAND.running`` is None unless a
+# scope opted in (so a job that did not pays one attribute read per step block).
+ON_DEMAND: OnePerProcess[Watcher] = OnePerProcess()
 _RATE_SAMPLES = 6  # the step rate is measured over the last few polls: it follows a job that speeds up
 _MAX_WARNINGS = 20  # different warnings one poll thread gives
 
@@ -308,14 +298,13 @@ class Watcher:
     def _warn_once(self, key: str, message: str) -> None:
         """Warn once per ``key``; after :data:`_MAX_WARNINGS` different ones, say that later
         ones are not shown (anyone who can write the folder can make a new bad request each poll)."""
-        if key in self._warned or len(self._warned) > _MAX_WARNINGS:
-            return
-        self._warned.add(key)
-        if len(self._warned) > _MAX_WARNINGS:
-            message = (
-                f"torchstep_prof: on-demand: {_MAX_WARNINGS} warnings about {self.folder}; later ones are not shown"
-            )
-        warn(message, TorchstepProfWarning)
+        warn_once(
+            self._warned,
+            key,
+            message,
+            limit=_MAX_WARNINGS,
+            past_limit=f"torchstep_prof: on-demand: {_MAX_WARNINGS} warnings about {self.folder}; later ones are not shown",
+        )
 
 
 def _served_entry(entry: Any) -> bool:
@@ -344,18 +333,17 @@ def watch(frame: Frame) -> None:
         return
     if config is None:
         return
-    with _LOCK:
-        running = ON_DEMAND.watcher
-        if running is not None:
-            if frame.config.auto_trace is not None:
-                running.watch_slow_steps(frame.config.auto_trace)
-            if running.config != config:
-                running._warn_once(
-                    f"second-{config.dir}",
-                    f"torchstep_prof: on_demand.dir={config.dir!r} "
-                    f"ignored: this process already polls {running.config.dir!r}",
-                )
-            return
+
+    def second(running: Watcher) -> None:
+        if frame.config.auto_trace is not None:
+            running.watch_slow_steps(frame.config.auto_trace)
+        if running.config != config:
+            running._warn_once(
+                f"second-{config.dir}",
+                f"torchstep_prof: on_demand.dir={config.dir!r} ignored: this process already polls {running.config.dir!r}",
+            )
+
+    def make() -> Optional[Watcher]:
         watcher = Watcher(config)
         watcher.watch_slow_steps(frame.config.auto_trace)
         try:
@@ -365,12 +353,13 @@ def watch(frame: Frame) -> None:
                 f"torchstep_prof: on-demand traces are off: {config.dir!r} cannot be used ({exc})",
                 TorchstepProfWarning,
             )
-            return
-        ON_DEMAND.watcher = watcher
-    # The engine's exit work first: atexit runs the latest registered first, so the watcher's
-    # stop (a plan's missed steps) comes before the summary.
-    ENGINE[0].ensure_atexit()
-    atexit.register(_stop_at_exit, watcher)
+            return None
+        # The engine's exit work first: atexit runs the latest registered first, so the watcher's
+        # stop (a plan's missed steps), registered next, comes before the summary.
+        ENGINE[0].ensure_atexit()
+        return watcher
+
+    ON_DEMAND.start(make, second)
 
 
 def scope_left(frame: Frame, parent: Frame) -> None:
@@ -378,28 +367,12 @@ def scope_left(frame: Frame, parent: Frame) -> None:
     config = frame.config.on_demand
     auto = frame.config.auto_trace
     if auto is not None and parent.config.auto_trace != auto:
-        watcher = ON_DEMAND.watcher
+        watcher = ON_DEMAND.running
         if watcher is not None:  # the scope that turned it on exits: the parent's watch, if any
             watcher.watch_slow_steps(parent.config.auto_trace)
     if config is None or parent.config.on_demand == config:
         return
-    with _LOCK:
-        watcher = ON_DEMAND.watcher
-        if watcher is None or watcher.config != config:
-            return
-        ON_DEMAND.watcher = None
-    watcher.stop()
-
-
-def _stop_at_exit(watcher: Watcher) -> None:
-    with _LOCK:
-        if ON_DEMAND.watcher is not watcher:
-            return
-        ON_DEMAND.watcher = None
-    try:
-        watcher.stop()
-    except Exception:  # interpreter exit: nothing to report to
-        pass
+    ON_DEMAND.stop_if(lambda watcher: watcher.config == config)
 
 
 _AUTO_WARNED: set[str] = set()
@@ -408,12 +381,10 @@ _AUTO_WARNED: set[str] = set()
 def _warn_auto_needs(no_folder: bool, no_metrics: bool) -> None:
     """auto_trace reads the metrics' step times and reaches peers through the on-demand folder."""
     missing = [name for name, off in (("metrics", no_metrics), ("on_demand", no_folder)) if off]
-    key = "+".join(missing)
-    if key in _AUTO_WARNED:
-        return
-    _AUTO_WARNED.add(key)
     examples = {"metrics": "tsp.metrics() or metrics: {port: 18400}", "on_demand": "on_demand: {dir: DIR}"}
-    warn(
+    warn_once(
+        _AUTO_WARNED,
+        "+".join(missing),
         f"torchstep_prof: auto_trace is off: it needs {' and '.join(missing)} on too "
         f"({'; '.join(examples[m] for m in missing)})",
         TorchstepProfWarning,
@@ -425,13 +396,5 @@ def _tick() -> float:
 
     return TICK_S
 
-
-def _forget_after_fork() -> None:
-    global _LOCK
-    _LOCK = threading.Lock()
-    ON_DEMAND.watcher = None  # the poll thread is the parent's
-
-
-at_fork_in_child(_forget_after_fork)
 
 when_a_frame_opts_in(watch)

@@ -197,9 +197,9 @@ class StepDriver:
             if self._open_step is None:  # no step block times this step
                 _recorder.record_step(now - self._step_t0, ended, self._step_t0)
             self._step_t0 = now
-        if _LIVE.reporter is not None:  # live status: the status thread reads the step
-            _LIVE.reporter.at_step(ended + 1)
-        watcher = _ON_DEMAND.watcher  # on-demand traces: the watcher notes the step (its status)
+        if _LIVE.running is not None:  # live status: the status thread reads the step
+            _LIVE.running.at_step(ended + 1)
+        watcher = _ON_DEMAND.running  # on-demand traces: the watcher notes the step (its status)
         requested = watcher is not None and (watcher.wants(ended + 1) or self._requested(ended + 2))
         if self._open_step is None and self._pending is None and not self._watch.installed and not requested:
             if self.frame.action(ended + 1) is StepAction.NONE and self.frame.action(ended + 2) is StepAction.NONE:
@@ -270,7 +270,7 @@ class StepDriver:
     @staticmethod
     def _requested(number: int) -> bool:
         """Whether an on-demand request (``torchstep-prof trigger``) names step ``number``."""
-        watcher = _ON_DEMAND.watcher
+        watcher = _ON_DEMAND.running
         plan = watcher.plan if watcher is not None else None
         return plan is not None and number in plan.steps
 
