@@ -114,3 +114,21 @@ def test_a_warning_from_a_region_points_at_its_with_line(tmp_path):
     assert done.returncode == 0, done.stderr
     (warning,) = [line for line in done.stderr.splitlines() if "Warning:" in line]
     assert warning.startswith(f"{tmp_path / 'job.py'}:5: ForeignProfilerWarning"), done.stderr
+
+
+def test_warn_once_says_each_key_once_and_past_its_limit_only_the_notice_once():
+    import warnings
+
+    from torchstep_prof.errors import warn_once
+
+    def said(limit: int | None, past_limit: str | None) -> list[str]:
+        warned: set[int] = set()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for key in (1, 1, 2, 3, 4, 2):
+                warn_once(warned, key, f"w{key}", limit=limit, past_limit=past_limit)
+        return [str(w.message) for w in caught]
+
+    assert said(None, None) == ["w1", "w2", "w3", "w4"]
+    assert said(2, None) == ["w1", "w2"]  # the live status: silent past its limit
+    assert said(2, "later ones are not shown") == ["w1", "w2", "later ones are not shown"]  # on-demand

@@ -151,10 +151,8 @@ def warn_once(
     limit: Optional[int] = None,
     past_limit: Optional[str] = None,
 ) -> None:
-    """:func:`warn` with ``message`` the first time ``key`` comes up in ``warned`` (the caller's
-    keys warned about). After ``limit`` different keys (None: no limit) later ones are not
-    shown; ``past_limit``, if given, is said once instead (a folder anyone can write can make a
-    new failure at each poll).
+    """:func:`warn` the first time ``key`` comes up in ``warned`` (the caller's keys warned about);
+    after ``limit`` different keys (None: no limit) only ``past_limit``, if given, once.
 
     >>> warn_once(_warned, ("write", errno), f"torchstep_prof: {path} cannot be written")  # doctest: +SKIP
     """

@@ -1,10 +1,8 @@
 """One background worker per process: started by a scope, stopped by it or at exit, forgotten after fork.
 
 The live status (``live/reporter.py``) and the on-demand poll thread (``triggers/watcher.py``)
-each run at most one worker in a process, however many scopes opt in. A step boundary reads
-the one in force as one attribute, ``running`` (None unless a scope opted in). The scope that
-started it stops it as it exits; the process's exit stops one still running; a forked child
-forgets it (its thread is the parent's).
+each run at most one, however many scopes opt in; a step boundary reads the one in force as
+one attribute, ``running`` (None unless a scope opted in).
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ W = TypeVar("W", bound=_Worker)
 
 
 class OnePerProcess(Generic[W]):
-    """The one worker of a kind this process runs, ``running`` (None: none), and the lock its
-    start and stop take.
+    """The one worker of a kind this process runs, ``running`` (None: none), and the lock its start and stop take.
 
     >>> ON_DEMAND: OnePerProcess[Watcher] = OnePerProcess()  # doctest: +SKIP
     >>> ON_DEMAND.start(lambda: Watcher(config), if_running=lambda watcher: None)  # doctest: +SKIP

@@ -9,14 +9,13 @@ type and range, and what is printed of it is escaped by the command.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Optional
 
 import attrs
 
-from .._shared_files import read_capped, read_each
-from ..triggers.status import role_suffix
+from .._shared_files import read_each
+from ..triggers.status import in_range, read_status_json, role_suffix
 
 __all__ = [
     "MAX_LIVE_BYTES", "MAX_LIVE_FILES", "LiveStatus", "OpenEntry", "live_path", "read_live", "read_lives", "stall_path",
@@ -126,9 +125,8 @@ def _is_int(value: Any) -> bool:
 
 def _number(value: Any, top: float) -> Optional[float]:
     """``value`` as a float when it is a finite number from 0 to ``top``, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if 0 <= value <= top else None  # NaN fails both comparisons
+    number = in_range(value, top)
+    return float(number) if number is not None else None
 
 
 def _text(value: Any) -> Optional[str]:
@@ -163,13 +161,8 @@ def _frames(value: Any) -> list[dict[str, Any]]:
 
 def read_live(path: str) -> LiveStatus:
     """The live status in ``path``; ``OSError`` or ``ValueError`` when it cannot be read as one
-    (a FIFO, a link, a device or a file over :data:`MAX_LIVE_BYTES` is refused, never waited on
-    or read whole)."""
-    try:
-        data = json.loads(read_capped(path, MAX_LIVE_BYTES))
-    except RecursionError:
-        raise ValueError(f"{path}: not a live status file (nested too deeply)") from None
-    return LiveStatus.from_json(path, data)
+    (see :func:`~torchstep_prof.triggers.status.read_status_json`; at most :data:`MAX_LIVE_BYTES`)."""
+    return LiveStatus.from_json(path, read_status_json(path, MAX_LIVE_BYTES, "live status"))
 
 
 def read_lives(folder: str) -> tuple[list[LiveStatus], list[str]]:

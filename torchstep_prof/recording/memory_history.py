@@ -29,10 +29,6 @@ MAX_ENTRIES = 50_000
 _warned: set[str] = set()
 
 
-def _warn_once(key: str, message: str) -> None:
-    warn_once(_warned, key, message)
-
-
 @functools.lru_cache(maxsize=1)
 def _clears_on_stop() -> bool:
     """Whether this torch's ``_record_memory_history`` takes ``clear_history`` (else stopping
@@ -62,7 +58,8 @@ class MemoryHistory:
         if CONTENT not in contents:
             return None
         if not torch.cuda.is_available():
-            _warn_once(
+            warn_once(
+                _warned,
                 "no-cuda",
                 "torchstep_prof: contents asks for 'memory_snapshot' but CUDA is not available; "
                 "no memory snapshots are written",
@@ -78,7 +75,9 @@ class MemoryHistory:
             )
             self._recording = True
         except Exception as exc:
-            _warn_once("start", f"torchstep_prof: cannot record the CUDA allocator's history ({exc!r}); no snapshot")
+            warn_once(
+                _warned, "start", f"torchstep_prof: cannot record the CUDA allocator's history ({exc!r}); no snapshot"
+            )
 
     def stop(self, *, take: bool) -> Optional[dict[str, Any]]:
         """Stop recording and clear the history; with ``take``, the snapshot first (None when
@@ -91,12 +90,12 @@ class MemoryHistory:
             if take:
                 snapshot = torch.cuda.memory._snapshot()
         except Exception as exc:
-            _warn_once("take", f"torchstep_prof: cannot take the CUDA memory snapshot ({exc!r})")
+            warn_once(_warned, "take", f"torchstep_prof: cannot take the CUDA memory snapshot ({exc!r})")
         try:
             if _clears_on_stop():
                 torch.cuda.memory._record_memory_history(enabled=None, clear_history=True)
             else:  # pragma: no cover - older torch: stopping drops the history
                 torch.cuda.memory._record_memory_history(enabled=None)
         except Exception as exc:
-            _warn_once("stop", f"torchstep_prof: cannot stop the CUDA allocator's history ({exc!r})")
+            warn_once(_warned, "stop", f"torchstep_prof: cannot stop the CUDA allocator's history ({exc!r})")
         return snapshot

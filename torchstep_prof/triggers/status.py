@@ -19,8 +19,8 @@ from .._shared_files import read_capped, read_each
 from ..naming import fit_label, sanitize_label
 
 __all__ = [
-    "MAX_SERVED", "MAX_STATUS_BYTES", "MAX_STATUS_FILES", "STALE_S", "RankStatus", "is_stale", "read_statuses",
-    "role_suffix", "status_path",
+    "MAX_SERVED", "MAX_STATUS_BYTES", "MAX_STATUS_FILES", "STALE_S", "RankStatus", "in_range", "is_stale",
+    "read_status_json", "read_statuses", "role_suffix", "status_path",
 ]  # fmt: skip
 
 MAX_SERVED = 50  # requests kept in a status file (the newest): it stays small
@@ -83,9 +83,9 @@ class RankStatus:
         served = data.get("served")
         # Anyone who can write the folder can write a status file: numbers out of their range
         # count as missing, so no rank's report can push a request's steps out of bounds.
-        step, rate, poll_s = (_number(data.get(key), top) for key, top in _RANGES)
+        step, rate, poll_s = (in_range(data.get(key), top) for key, top in _RANGES)
         auto = data.get("auto")
-        auto_bytes = _number(auto.get("bytes"), 2**53) if isinstance(auto, dict) else None
+        auto_bytes = in_range(auto.get("bytes"), 2**53) if isinstance(auto, dict) else None
         return cls(
             path=path,
             rank=data["rank"],
@@ -93,7 +93,7 @@ class RankStatus:
             pid=data.get("pid") if isinstance(data.get("pid"), int) else None,
             host=data.get("host") if isinstance(data.get("host"), str) else None,
             step=int(step) if isinstance(step, int) else None,
-            time=float(data["time"]) if _number(data.get("time"), 1e12) is not None else 0.0,
+            time=float(data["time"]) if in_range(data.get("time"), 1e12) is not None else 0.0,
             rate=float(rate) if rate is not None else None,
             poll_s=float(poll_s) if poll_s else 1.0,
             served=tuple(s for s in served[-MAX_SERVED:] if isinstance(s, dict)) if isinstance(served, list) else (),
@@ -109,22 +109,30 @@ class RankStatus:
 _RANGES = (("step", 2**53), ("rate", 1e7), ("poll_s", 3600.0))  # the largest value each may take
 
 
-def _number(value: Any, top: float) -> Optional[float]:
-    """``value`` when it is a finite number from 0 to ``top``, else None."""
+def in_range(value: Any, top: float) -> Optional[float]:
+    """``value`` as written (an int stays one) when it is a finite number from 0 to ``top``, else None.
+
+    >>> in_range(3, 10), in_range(True, 10), in_range(float("nan"), 10), in_range(11.5, 10)
+    (3, None, None, None)
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return value if 0 <= value <= top else None  # NaN fails both comparisons
 
 
+def read_status_json(path: str, limit: int, what: str) -> Any:
+    """The decoded JSON of the ``what`` file at ``path``; ``OSError`` or ``ValueError`` when it cannot
+    be read (a FIFO, a link, a device or one over ``limit`` bytes is refused, never waited on) or decoded."""
+    try:
+        return json.loads(read_capped(path, limit))
+    except RecursionError:
+        raise ValueError(f"{path}: not a {what} file (nested too deeply)") from None
+
+
 def read_status(path: str) -> RankStatus:
     """The status in ``path``; ``OSError`` or ``ValueError`` when it cannot be read as one
-    (a FIFO, a link, a device or a file over :data:`MAX_STATUS_BYTES` is refused, never waited
-    on or read whole)."""
-    try:
-        data = json.loads(read_capped(path, MAX_STATUS_BYTES))
-    except RecursionError:
-        raise ValueError(f"{path}: not a status file (nested too deeply)") from None
-    return RankStatus.from_json(path, data)
+    (see :func:`read_status_json`; at most :data:`MAX_STATUS_BYTES`)."""
+    return RankStatus.from_json(path, read_status_json(path, MAX_STATUS_BYTES, "status"))
 
 
 def read_statuses(folder: str) -> tuple[list[RankStatus], list[str]]:
