@@ -119,6 +119,40 @@ def test_summarize_exit_codes(folder: Path, tmp_path: Path, capsys) -> None:
     assert exited.value.code == 2
 
 
+def test_a_folder_of_span_files_only_points_to_timeline(tmp_path: Path, capsys) -> None:
+    header = {"kind": "process", "format": 1, "host": "h", "pid": 7, "rank": 0, "world_size": 1, "start": 1.0}
+    batch = {"kind": "batch", "thread": "MainThread", "rank": 0, "spans": [["actor", "update", 1.0, 2.0]],
+             "steps": [[1, 1.0, 2.0]]}  # fmt: skip
+    spans = tmp_path / "job" / "spans"
+    spans.mkdir(parents=True)
+    (spans / "spans-h-7.jsonl").write_text(json.dumps(header) + "\n" + json.dumps(batch) + "\n")
+    commands = [["summarize"], ["summarize", "--json"], ["merge", "-o", tmp_path / "m.json"]]
+    if _has_plotly():
+        commands.append(["report", "-o", tmp_path / "r.html"])
+    for folder in (spans, spans.parent):  # the span folder itself, or a trace folder's spans/
+        for command in commands:
+            code, _, err = _run(capsys, command[0], folder, *command[1:])
+            assert code == 1, command
+            assert err.splitlines() == [
+                f"torchstep-prof: no usable trace in {folder}",
+                f"torchstep-prof: {spans} holds span files: torchstep-prof timeline {spans}",
+            ], command
+    # A filter that matches nothing is not a span log's sign; an empty folder has no hint.
+    code, _, err = _run(capsys, "summarize", spans, "--role", "critic")
+    assert code == 1 and "timeline" not in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = _run(capsys, "summarize", tmp_path / "empty")
+    assert code == 1 and "timeline" not in err
+
+
+def _has_plotly() -> bool:
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def test_summarize_shows_a_progress_bar_on_a_terminal(
     folder: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -78,12 +78,15 @@ def test_the_report_draws_every_process_per_step_with_what_each_idle_gap_waited_
     done = cli("report", str(shifted), "-o", str(page))  # the spans are found in DIR/spans
     assert done.returncode == 0, done.stderr
     assert f"the timeline of 2 process(es) from {shifted / 'spans'}" in done.stdout
+    assert "another job" not in done.stderr and 'class="warning"' not in page.read_text()
     host = socket.gethostname()
     fast, slow = f"{FAST}@{host}", f"{SLOW}@node-b"
     html = page.read_text()
     verdicts = re.findall(r"<li>(step \d+: [^<]*)</li>", html)
     assert len(verdicts) == 4
-    assert all("waiting for ref/compute_log_prob" in v for v in verdicts[1:]), verdicts
+    # Regions are named as the page's tables name them (the trace names' labels).
+    assert all("waiting for ref/compute-log-prob" in v for v in verdicts[1:]), verdicts
+    assert "compute_log_prob" not in html
     assert "the 3 slowest steps of 4" in html
 
     probe = probe_page(page)
@@ -101,14 +104,14 @@ def test_the_report_draws_every_process_per_step_with_what_each_idle_gap_waited_
         if chart["card"] == "timeline-step-0":
             continue  # step 0 holds the ranks' start-up skew
         # The fast rank's wait for the slow rank's ref, labelled on its gap, as drawn.
-        assert f"idle: waited for ref/compute_log_prob on {slow}" in drawn
+        assert f"idle: waited for ref/compute-log-prob on {slow}" in drawn
         assert chart["bars"] >= 7  # 3 regions per rank and at least the labelled gap
         idle = next(t for t in spec["data"] if t["name"] == "idle")
         waits = [x for x, y, text in zip(idle["x"], idle["y"], idle["text"]) if "waited for ref" in text and y == fast]
         assert waits and 300 < max(waits) < 600  # ms: the 0.4 s extra, not the 2 s shift
         path = next(t for t in spec["data"] if t["name"] == "critical path")
-        assert slow in path["y"] and "ref/compute_log_prob" in json.dumps(path["customdata"])
-    assert re.search(r"critical path: [^<]*ref/compute_log_prob \(actor\+ref rank 1@node-b", html)
+        assert slow in path["y"] and "ref/compute-log-prob" in json.dumps(path["customdata"])
+    assert re.search(r"critical path: [^<]*ref/compute-log-prob \(actor\+ref rank 1@node-b", html)
 
 
 def test_without_span_files_the_report_has_no_timeline(job, tmp_path):
@@ -125,24 +128,55 @@ def test_without_span_files_the_report_has_no_timeline(job, tmp_path):
     assert "--spans" in missing.stderr and "not a folder" in missing.stderr
 
 
-def test_span_labels_are_escaped_on_the_page(shifted, tmp_path):
+def test_span_labels_are_named_as_traces_name_them_and_hosts_are_escaped_on_the_page(shifted, tmp_path):
     folder = tmp_path / "out"
     shutil.copytree(shifted, folder)
     spans = folder / "spans"
     rank1 = next(p for p in spans.iterdir() if json.loads(p.read_text().splitlines()[0])["rank"] == 1)
     hostile = "<img src=x onerror=alert(1)>\x1b[31m"
     text = rank1.read_text().replace('"ref", "compute_log_prob"', json.dumps("ref") + ", " + json.dumps(hostile))
+    text = text.replace('"host": "node-b"', '"host": ' + json.dumps(hostile))
     assert hostile not in text and json.dumps(hostile)[1:-1] in text
     rank1.write_text(text)  # the slow rank's slow region: on the critical path
     page = tmp_path / "report.html"
     assert cli("report", str(folder), "-o", str(page)).returncode == 0
     html = page.read_text()
     assert "<img src=x" not in html and "\x1b" not in html
-    assert "ref/&lt;img src=x onerror=alert(1)&gt;\\x1b[31m (actor+ref rank 1@node-b" in html  # the path
+    # The region as a trace file would name it; the host (a process's name) escaped as text.
+    assert "ref/img-src=x-onerror=alert-1-31m (actor+ref rank 1@&lt;img src=x onerror=alert(1)&gt;\\x1b[31m" in html
     probe = probe_page(page)
     assert probe["errors"] == []
     drawn = " ".join(c["text"] for c in probe["charts"] if c["kind"] == "gantt")
-    assert "ref/<img src=x onerror=alert(1)>\\x1b[31m" in drawn  # the legend shows it as text
+    assert "ref/img-src=x-onerror=alert-1-31m" in drawn
+    assert "actor+ref rank 1@<img src=x onerror=alert(1)>\\x1b[31m" in drawn  # a row's name, shown as text
+
+
+def test_span_files_of_another_job_are_warned_about_above_their_gantt(job, tmp_path):
+    traces = tmp_path / "traces"
+    shutil.copytree(job, traces, ignore=shutil.ignore_patterns("spans"))
+    other = tmp_path / "other"
+    other.mkdir()
+    for span_file in (job / "spans").iterdir():  # the same job's shape, other processes
+        header, rest = span_file.read_text().split("\n", 1)
+        record = json.loads(header)
+        record["pid"] += 100000
+        (other / f"spans-other-{record['pid']}.jsonl").write_text(json.dumps(record) + "\n" + rest)
+    warning = f"the span files in {other} are of another job: no trace's process is in them"
+    page = tmp_path / "report.html"
+    done = cli("report", str(traces), "-o", str(page), "--spans", str(other))
+    assert done.returncode == 0, done.stderr
+    assert f"warning: {warning} (the traces' pids: " in done.stderr
+    html = page.read_text()
+    section = html[html.index('<section id="timeline">') :]
+    shown = section.index('<p class="warning">Warning: ' + warning.replace("'", "&#x27;"))
+    assert shown < section.index('class="card gantt"')  # said above the Gantt, which is still drawn
+    # Found by themselves in DIR/spans, they are warned about alike; merge says it too.
+    shutil.copytree(other, traces / "spans")
+    done = cli("report", str(traces), "-o", str(page))
+    assert done.returncode == 0 and warning.replace(str(other), str(traces / "spans")) in done.stderr
+    assert 'class="warning"' in page.read_text()
+    done = cli("merge", str(traces), "-o", str(tmp_path / "merged.json"))
+    assert done.returncode == 0 and "are of another job" in done.stderr
 
 
 def _starts(merged: dict) -> dict[tuple[int, str], float]:

@@ -213,6 +213,27 @@ def test_discrete_writes_one_trace_per_region(tmp_path):
     assert json.loads(trace.read_text())["torchstep_prof"]["discrete"] is True
 
 
+@pytest.mark.parametrize("steps", [[], ["--steps", "2"]], ids=["spans-only", "one-step-traced"])
+def test_with_spans_every_steps_region_forwards_are_in_the_span_file(tmp_path, steps):
+    from torchstep_prof.timeline.reading import read_span_folder
+
+    options = ["--spans", "spans", *steps, "--region", "Encoder=enc/fwd", "--region", "Head"]
+    done = tsp_run(options, ["--steps", "4", "--eval-after"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    (process,) = read_span_folder(str(tmp_path / "spans")).processes
+    # The step blocks are the optimizer's steps; step 5 (the evaluation's forward) never ended.
+    assert [b.number for b in process.steps] == [1, 2, 3, 4]
+    labels = collections.Counter((s.role, s.stage) for s in process.spans)
+    assert labels == {("enc", "fwd"): 5, ("Head", "forward"): 5}  # 4 steps, then the evaluation
+    for block in process.steps:
+        inside_step = [(s.role, s.stage) for s in process.spans if block.start <= s.start and s.end <= block.end]
+        assert sorted(inside_step) == [("Head", "forward"), ("enc", "fwd")], block
+    if steps:  # the traced step holds its forwards as ranges, as without spans
+        (trace,) = traces(tmp_path / "outputs" / "profile")
+        assert "_step2_" in trace.name
+        assert names(trace)["enc/fwd"] == 1 and names(trace)["Head/forward"] == 1
+
+
 def test_a_script_without_an_optimizer_writes_nothing_and_says_so(tmp_path):
     done = tsp_run(["--steps", "1"], ["--no-optimizer"], tmp_path)
     assert done.returncode == 0, done.stderr

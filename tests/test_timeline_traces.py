@@ -79,7 +79,7 @@ def test_summarize_adds_the_timeline_section_and_key(traced_job, capsys):
     section = out[out.index("Timeline, each step across 2 processes (from the traces") :]
     verdicts = [line.strip() for line in section.splitlines() if line.strip().startswith("step ")]
     assert [v.split(":")[0] for v in verdicts] == ["step 2", "step 3"]
-    assert all("waiting for ref/compute_log_prob" in v for v in verdicts)
+    assert all("waiting for ref/compute-log-prob" in v for v in verdicts)
     code, out, _ = _cli(capsys, "summarize", str(traced_job), "--json")
     doc = json.loads(out)
     assert doc["timeline"]["source"] == "traces"

@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from . import _tracedir
 from ..rendering import safe_text
 
 if TYPE_CHECKING:
     from ..timeline.ledger import Ledger
+    from ..traces.reading.files import TraceInfo
 
 HELP = (
     "the job's span files (tsp.spans) for one clock across processes "
@@ -32,6 +33,7 @@ def load_ledger(args: argparse.Namespace) -> Union[tuple[str, "Ledger"], None, i
     from ..timeline.ledger import build_ledger
     from ..timeline.reading import read_span_folder
     from ..traces.analysis.span_clocks import find_span_folder
+    from ..traces.analysis.timeline_section import with_table_labels
 
     explicit: Optional[str] = args.spans
     if explicit is not None and not os.path.isdir(explicit):
@@ -40,7 +42,19 @@ def load_ledger(args: argparse.Namespace) -> Union[tuple[str, "Ledger"], None, i
     folder = find_span_folder(args.directory, explicit)
     if folder is None:
         return None
-    ledger = build_ledger(read_span_folder(folder))
+    ledger = build_ledger(with_table_labels(read_span_folder(folder)))  # the page's names for regions
     if not ledger.processes:
         print(f"note: no usable span file in {safe_text(folder)}: clocks not aligned", file=sys.stderr)
     return folder, ledger
+
+
+def warn_if_foreign(spans: tuple[str, "Ledger"], infos: Sequence["TraceInfo"]) -> Optional[str]:
+    """Say on stderr when no trace of ``infos`` was written by a process of the span files (they
+    are another job's); the warning, for the page, or None."""
+    from ..traces.analysis.span_clocks import foreign_span_files
+
+    folder, ledger = spans
+    warning = foreign_span_files(folder, ledger.processes, ((info.pid, info.rank) for info in infos))
+    if warning is not None:
+        print(f"warning: {safe_text(warning)}", file=sys.stderr)
+    return warning

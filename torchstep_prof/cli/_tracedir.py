@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import sys
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TextIO
 
@@ -176,7 +177,20 @@ def nothing_found(args: argparse.Namespace, filters: TraceFilter, unreadable: Se
     if filters != TraceFilter():
         what += " matching the filters"
     error(f"{what} in {args.directory}{extra}")
+    spans = _span_folder_here(args) if filters == TraceFilter() else None
+    if spans is not None:  # a span log, not a trace folder: the command that reads it
+        error(f"{spans} holds span files: {PROG} timeline {shlex.quote(spans)}")
     return EXIT_NO_TRACE
+
+
+def _span_folder_here(args: argparse.Namespace) -> str | None:
+    """The span folder a trace command would read beside ``args.directory`` (``--spans``, else
+    DIR or DIR/spans), when it holds span files: a folder with no trace may be a span log."""
+    from ..traces.analysis.span_clocks import find_span_folder, holds_span_files
+
+    explicit = getattr(args, "spans", None)
+    folder = explicit if explicit is not None else find_span_folder(args.directory)
+    return folder if folder is not None and holds_span_files(folder) else None
 
 
 def _pids_by_name(args: argparse.Namespace, filters: TraceFilter, skipped: set[str]) -> list[int]:

@@ -53,6 +53,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     spans = _spans.load_ledger(args)
     if isinstance(spans, int):
         return spans
+    if spans is not None:
+        _spans.warn_if_foreign(spans, infos)
     clocks = job_clocks(spans[1], spans[0]) if spans is not None else None
     try:
         result = merge_traces(infos, args.output, skip_bad=True, clocks=clocks)

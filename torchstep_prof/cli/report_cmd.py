@@ -67,6 +67,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     spans = _spans.load_ledger(args)
     if isinstance(spans, int):
         return spans
+    spans_warning = _spans.warn_if_foreign(spans, infos) if spans is not None else None
     diff = None
     if args.baseline is not None:
         from ..traces.analysis.diff import diff_traces
@@ -88,6 +89,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         diff=diff,
         spans=spans[0] if spans is not None else None,
         timeline=spans[1] if spans is not None else None,
+        spans_warning=spans_warning,
     )
     try:
         _write(args.output, render_page(report, plotlyjs))

@@ -103,7 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument(
         "--spans",
         metavar="DIR",
-        help="log every step's regions to DIR for `torchstep-prof timeline DIR` (spans.dir; no --steps needed)",
+        help="log every step and its regions (each --region forward, in every step) to DIR for "
+        "`torchstep-prof timeline DIR` (spans.dir; no --steps needed)",
     )
     conf = parser.add_argument_group("configuration")
     conf.add_argument("--config", metavar="FILE", help="a config file (.yaml, .json, .toml) to start from")

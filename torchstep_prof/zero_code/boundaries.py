@@ -12,8 +12,11 @@ the next forward are the next step's. A range that outlives the step (an epoch's
 waited for: the next range that opens ends the step, and no trace of ours starts until that
 range closes (the summary names the steps this skipped).
 
-Not profiling costs one counter and one comparison per boundary: the range watch and module
-hooks exist only near selected steps.
+Not profiling costs one counter and one comparison per boundary: the range watch exists only
+near selected steps, and module hooks only while a selected step records, except with spans or
+metrics on: then every step is timed, and so is every forward of a ``--region`` class (the
+hooks stay for the whole run; outside a selected step such a forward is a timed region, never
+a trace's).
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ class StepDriver:
         # Metrics on: every step is timed, boundary to boundary (a selected step's block times itself).
         self._timed = frame.metrics is not None
         self._step_t0 = _recorder._perf() if self._timed else 0.0
+        # ... and so is every --region forward: its module hooks stay for the whole run.
+        self._always_hooked = self._timed and bool(self.regions)
 
     # --- installation ---------------------------------------------------------------------
 
@@ -126,6 +131,8 @@ class StepDriver:
         _DRIVER[:] = [self]
         counting_run(RunCounting(boundary=self.step_on.boundary(), every=self.step_every))
         self._remove_source = _install_source(self.step_on, self._on_boundary, self._owner, self.main_names)
+        if self._always_hooked:
+            self._set_module_hooks(pre=True, post=True)
         self._guarded(self._begin, 1)
 
     def close(self) -> None:
@@ -146,6 +153,8 @@ class StepDriver:
                         "ended it; its trace was not written",
                     )
         finally:
+            while self._open_regions:  # timed forwards the script left open (it raised): not logged
+                self._open_regions.pop()
             self._set_module_hooks(pre=False, post=False)
             self._watch.remove()
             if self._remove_source is not None:
@@ -296,7 +305,8 @@ class StepDriver:
         finally:
             if stack is not None:
                 stack.close()
-            self._set_module_hooks(pre=False, post=False)
+            if not self._always_hooked:
+                self._set_module_hooks(pre=False, post=False)
 
     # --- module hooks: regions -----------------------------------------------------------------
 
@@ -314,7 +324,7 @@ class StepDriver:
             self._forward_post = None
 
     def _on_forward_pre(self, module: Any, args: Any) -> None:
-        if self._open_step is None or threading.get_ident() != self._owner:
+        if (self._open_step is None and not self._always_hooked) or threading.get_ident() != self._owner:
             return
         region = self.regions.get(type(module).__name__)
         if region is not None:
@@ -322,6 +332,12 @@ class StepDriver:
 
     def _enter_region(self, module: Any, region: ModuleRegion) -> None:
         stack = contextlib.ExitStack()
+        if self._open_step is None:
+            # Spans or metrics on, no step recording: timed only. Not profile_region, whose rule
+            # could start a trace of the region's own in a step this driver chose not to record.
+            stack.enter_context(_timed_region(self.frame, region.role, region.stage))
+            self._open_regions.append((module, stack))
+            return
         self._watch.ignoring = True
         try:
             stack.enter_context(profile_region(region.role, region.stage))
@@ -349,6 +365,15 @@ class StepDriver:
             if not self._failed:
                 self._failed = True
                 warn(f"torchstep_prof run: profiling a step failed ({exc!r}); training goes on", TorchstepProfWarning)
+
+
+def _timed_region(frame: Frame, role: str, stage: str) -> Any:
+    """What ``profile_region`` makes of a region outside any trace with spans or metrics on:
+    timed (its span, its duration), and shown by the live status when that is on."""
+    from ..live.open_regions import OpenRegion
+
+    timed = _recorder.TimedRegion((role, stage, _recorder._perf()))
+    return OpenRegion(role, stage, timed) if frame.live else timed
 
 
 def _install_source(step_on: StepOn, on_boundary: Callable[[], None], owner: int,

@@ -16,14 +16,22 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional
+from typing import Iterable, Optional, Sequence
 
 import attrs
 
 from ...timeline.ledger import Ledger, ProcessInfo
 from ...timeline.span_log import FILE_PREFIX, FILE_SUFFIX
 
-__all__ = ["SPAN_SUBFOLDER", "JobClocks", "TraceClock", "find_span_folder", "job_clocks"]
+__all__ = [
+    "SPAN_SUBFOLDER",
+    "JobClocks",
+    "TraceClock",
+    "find_span_folder",
+    "foreign_span_files",
+    "holds_span_files",
+    "job_clocks",
+]
 
 SPAN_SUBFOLDER = "spans"
 """The subfolder of a trace folder looked in for span files when the folder holds none."""
@@ -35,12 +43,13 @@ def find_span_folder(directory: str, explicit: Optional[str] = None) -> Optional
     if explicit is not None:
         return explicit
     for folder in (directory, os.path.join(directory, SPAN_SUBFOLDER)):
-        if _holds_span_files(folder):
+        if holds_span_files(folder):
             return folder
     return None
 
 
-def _holds_span_files(folder: str) -> bool:
+def holds_span_files(folder: str) -> bool:
+    """Whether ``folder`` holds a ``spans-*.jsonl`` file (by name: none is opened)."""
     try:
         with os.scandir(folder) as entries:
             return any(e.name.startswith(FILE_PREFIX) and e.name.endswith(FILE_SUFFIX) for e in entries)
@@ -88,7 +97,7 @@ class JobClocks:
         """The clock of the process that wrote a trace of ``pid`` and ``rank``."""
         if pid is None:
             return TraceClock(aligned=False, reason="the trace names no pid")
-        found = [p for p in self.processes if p.pid == pid and (p.rank if p.rank is not None else 0) == rank]
+        found = [p for p in self.processes if _same_process(p, pid, rank)]
         if not found:
             return TraceClock(aligned=False, reason=f"no span file of pid {pid} rank {rank}")
         if len(found) > 1:
@@ -113,3 +122,39 @@ class JobClocks:
 def job_clocks(ledger: Ledger, folder: str) -> JobClocks:
     """The clocks of the span processes of ``ledger`` (built from ``folder``)."""
     return JobClocks(folder=folder, reference=ledger.reference, processes=ledger.processes)
+
+
+def _same_process(process: ProcessInfo, pid: Optional[int], rank: int) -> bool:
+    """Whether a span file's process wrote a trace of ``pid`` and ``rank`` (the one rule)."""
+    return process.pid == pid and (process.rank if process.rank is not None else 0) == rank
+
+
+def foreign_span_files(
+    folder: str, processes: Sequence[ProcessInfo], traces: Iterable[tuple[Optional[int], int]]
+) -> Optional[str]:
+    """What to warn when no trace's process (``traces``: each trace's pid and rank) is among the
+    span files' ``processes``: they are another job's, and their clocks and Gantt are not these
+    traces'. None when one is, or when there is no span process or no trace to compare.
+
+    >>> from types import SimpleNamespace
+    >>> p = SimpleNamespace(pid=7, rank=0)  # a ProcessInfo's pid and rank
+    >>> foreign_span_files("spans", [p], [(8, 0)])
+    "the span files in spans are of another job: no trace's process is in them (the traces' pids: 8; the span files': 7)"
+    >>> foreign_span_files("spans", [p], [(7, 0), (8, 0)]) is None
+    True
+    """
+    wanted = sorted(set(traces), key=lambda t: (t[0] is None, t[0] or 0, t[1]))
+    if not processes or not wanted:
+        return None
+    if any(_same_process(p, pid, rank) for p in processes for pid, rank in wanted):
+        return None
+    return (
+        f"the span files in {folder} are of another job: no trace's process is in them "
+        f"(the traces' pids: {_pids(pid for pid, _ in wanted)}; the span files': {_pids(p.pid for p in processes)})"
+    )
+
+
+def _pids(pids: Iterable[Optional[int]], most: int = 6) -> str:
+    known = sorted({pid for pid in pids if pid is not None})
+    text = ", ".join(map(str, known[:most])) or "none named"
+    return text + (f" and {len(known) - most} more" if len(known) > most else "")

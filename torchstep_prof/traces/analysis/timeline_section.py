@@ -3,7 +3,8 @@
 When the traces of a folder carry spans (every trace torchstep_prof writes does), or the folder
 holds span files, ``summarize`` adds the ledger of ``torchstep-prof timeline``
 (docs/timeline.md): one verdict line per step, the slowest few when there are many, and the
-whole ledger under ``timeline`` in ``--json``. Without spans it adds nothing.
+whole ledger under ``timeline`` in ``--json``. Without spans it adds nothing. Its regions are
+named as the table names them (:func:`with_table_labels`), as are the report's Gantt's.
 
 >>> find_timeline("/nonexistent") is None
 True
@@ -19,11 +20,20 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ...timeline.ledger import Ledger
+    from ...timeline.reading import SpanFolder
 
-__all__ = ["MAX_SUMMARY_VERDICTS", "TimelineSection", "find_timeline", "render_timeline", "timeline_to_dict"]
+__all__ = [
+    "MAX_SUMMARY_VERDICTS",
+    "TimelineSection",
+    "find_timeline",
+    "render_timeline",
+    "timeline_to_dict",
+    "with_table_labels",
+]
 
 MAX_SUMMARY_VERDICTS = 5
 """Verdict lines ``summarize`` prints at most (the slowest steps, in step order)."""
+DETAIL_COMMAND = "torchstep-prof timeline DIR"
 
 
 @attrs.frozen(kw_only=True)
@@ -49,7 +59,37 @@ def find_timeline(folder: str, pids: Optional[Collection[int]] = None) -> Option
         spans = attrs.evolve(spans, processes=tuple(p for p in spans.processes if p.pid in pids))
     if not spans.processes:
         return None
-    return TimelineSection(folder=folder, ledger=build_ledger(spans), source=spans.source, note=spans.note)
+    return TimelineSection(
+        folder=folder, ledger=build_ledger(with_table_labels(spans)), source=spans.source, note=spans.note
+    )
+
+
+def with_table_labels(spans: SpanFolder) -> SpanFolder:
+    """``spans`` with each region's role and stage as trace names and the tables write them
+    (``naming.file_label``: ``compute_log_prob`` is ``compute-log-prob``), so that a page that
+    shows both names a region one way. ``torchstep-prof timeline`` keeps the span log's labels.
+
+    >>> from torchstep_prof.timeline.reading import SpanFolder
+    >>> folder = SpanFolder(processes=(), problems=())
+    >>> with_table_labels(folder) == folder
+    True
+    """
+    from ...naming import file_label
+
+    labels: dict[str, str] = {}
+
+    def label(text: str) -> str:
+        try:
+            return labels[text]
+        except KeyError:
+            labels[text] = named = file_label(text)
+            return named
+
+    processes = tuple(
+        attrs.evolve(p, spans=tuple(s._replace(role=label(s.role), stage=label(s.stage)) for s in p.spans))
+        for p in spans.processes
+    )
+    return attrs.evolve(spans, processes=processes)
 
 
 def timeline_to_dict(section: TimelineSection) -> dict[str, Any]:
@@ -61,6 +101,8 @@ def timeline_to_dict(section: TimelineSection) -> dict[str, Any]:
 
 def render_timeline(section: TimelineSection, console: Console) -> None:
     """The section's lines: a heading, then the verdict of each step (the slowest few)."""
+    import textwrap
+
     from rich.text import Text
 
     from ...rendering import print_stripped, safe_text
@@ -74,8 +116,16 @@ def render_timeline(section: TimelineSection, console: Console) -> None:
         slowest = {s.number for s in sorted(steps, key=lambda s: -s.seconds)[:MAX_SUMMARY_VERDICTS]}
         shown = tuple(s for s in steps if s.number in slowest)
         heading += f"; the {MAX_SUMMARY_VERDICTS} slowest of {len(steps)} steps"
-    heading += "; torchstep-prof timeline DIR for detail):"
-    print_stripped(console, Text(safe_text(heading)))
+    # Wrapped at the console's width, never inside the command: it is meant to be copied.
+    glued = DETAIL_COMMAND.replace(" ", "\x00")
+    lines = textwrap.wrap(
+        f"{safe_text(heading)}; {glued} for detail):",
+        width=max(console.width, 20),
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    for line in lines:
+        print_stripped(console, Text(line.replace("\x00", " ")), soft_wrap=True)
     if section.note is not None:
         print_stripped(console, Text("  " + safe_text(f"note: {section.note}")))
     for step in shown:

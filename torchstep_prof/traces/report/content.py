@@ -80,6 +80,7 @@ class Report:
     diff: Optional[DiffResult] = None
     spans: Optional[str] = None  # the span folder read, when there was one
     timeline: Optional[Ledger] = None  # the ledger of its span files
+    spans_warning: Optional[str] = None  # no trace's process is in them: shown above their Gantt
 
     @property
     def traces(self) -> int:
@@ -102,11 +103,13 @@ def build_report(
     diff: Optional[DiffResult] = None,
     spans: Optional[str] = None,
     timeline: Optional[Ledger] = None,
+    spans_warning: Optional[str] = None,
 ) -> Report:
     """The report of ``infos`` (scanned with ``top`` >= :data:`FINDINGS_DEPTH` so that findings
     compare ranks over deep operator lists); ``diff`` is the comparison with a baseline
     (:func:`~torchstep_prof.traces.analysis.diff.diff_traces`), shown in a section of its own;
-    ``timeline`` the ledger of the job's span files in ``spans`` (the Gantt of every process).
+    ``timeline`` the ledger of the job's span files in ``spans`` (the Gantt of every process),
+    ``spans_warning`` what to say above it (span files of another job: ``_spans.warn_if_foreign``).
 
     >>> from torchstep_prof.traces.reading.files import scan_traces
     >>> scanned = scan_traces("outputs/profile", top=FINDINGS_DEPTH)  # doctest: +SKIP
@@ -132,6 +135,7 @@ def build_report(
         diff=diff,
         spans=spans,
         timeline=timeline,
+        spans_warning=spans_warning,
     )
 
 

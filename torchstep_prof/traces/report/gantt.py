@@ -39,8 +39,10 @@ def gantt_section(report: Report, chart: Chart, layout: Callable[..., dict]) -> 
         return ""
     folder = report.spans or "?"
     hosts = {p.host for p in ledger.processes}
-    out = [
-        '<section id="timeline"><h2>Every process, step by step</h2>',
+    out = ['<section id="timeline"><h2>Every process, step by step</h2>']
+    if report.spans_warning:
+        out.append(f'<p class="warning">Warning: {_e(report.spans_warning)}.</p>')
+    out += [
         f'<p class="meta">From the span files in <code>{_e(folder)}</code>: {len(ledger.processes)} process(es) '
         f"on {len(hosts)} host(s), {len(ledger.steps)} step(s). {_e(_clock_words(ledger))}</p>",
     ]

@@ -35,6 +35,7 @@ table.ops { font-size: 12px; border-collapse: collapse; margin-top: 4px; }
 table.ops td, table.ops th { padding: 1px 8px 1px 0; text-align: left; }
 table.ops td:first-child { text-align: right; font-variant-numeric: tabular-nums; }
 code { font-size: 13px; }
+p.warning { background: #fff4e5; border: 1px solid #f0b46c; border-radius: 6px; padding: 6px 10px; }
 """
 
 SCRIPT = """
