@@ -33,19 +33,19 @@ def _write(folder: Path, name: str, header: dict, batches: list[dict], ended: bo
     return path
 
 
-def _rl_job(folder: Path, steps: int = 3) -> None:
+def _rl_job(folder: Path, steps: int = 3, base: float = 1000.0, pid: int = 1) -> None:
     """A trainer that waits on two rollout replicas (the second 3 s slower), then updates."""
     trainer, fast, slow = ({"spans": [], "steps": []} for _ in range(3))
     for n in range(steps):
-        t = 1000.0 + 20 * n
+        t = base + 20 * n
         for replica, seconds in ((fast, 3), (slow, 6)):
             replica["spans"].append(["rollout", "generate", t, t + seconds])
             replica["steps"].append([n, t, t + seconds])
         trainer["spans"] += [["ref", "compute_log_prob", t + 6.1, t + 7], ["actor", "update", t + 7, t + 9]]
         trainer["steps"].append([n, t, t + 9])
-    _write(folder, "spans-a-1.jsonl", {"host": "a", "pid": 1, "rank": 0, "world_size": 1, "process_role": "trainer"}, [trainer])
-    _write(folder, "spans-a-2.jsonl", {"host": "a", "pid": 2, "rank": 0, "world_size": 1, "process_role": "rollout"}, [fast])
-    _write(folder, "spans-a-3.jsonl", {"host": "a", "pid": 3, "rank": 0, "world_size": 1, "process_role": "rollout"}, [slow])
+    for p, role, batch in ((pid, "trainer", trainer), (pid + 1, "rollout", fast), (pid + 2, "rollout", slow)):
+        header = {"host": "a", "pid": p, "rank": 0, "world_size": 1, "process_role": role}
+        _write(folder, f"spans-a-{p}.jsonl", header, [batch])
 
 
 def _timeline(folder: Path, capsys, *args: str) -> tuple[int, str, str]:
@@ -238,3 +238,21 @@ def test_anchors_that_contradict_each_other_are_reported():
     clocks = estimate_offsets({"a": "n1", "b": "n2"}, anchors)
     assert clocks.inconsistent and "anchors contradict each other" in clocks.inconsistent[0]
     assert clocks.bound("a") == clocks.bound("b") == float("inf")  # no offset is claimed for either
+
+
+def test_a_second_run_in_the_same_folder_is_shown_alone_and_the_older_one_named(tmp_path, capsys):
+    _rl_job(tmp_path, base=1000.0, pid=1)
+    _rl_job(tmp_path, base=9000.0, pid=11)
+    # A Ray actor started late in the newest run (its log starts after the others' did) is of that run.
+    late = {"spans": [["reward", "score", 9021.0, 9022.0]], "steps": [[1, 9021.0, 9022.0]]}
+    _write(tmp_path, "spans-a-20.jsonl", {"host": "a", "pid": 20, "rank": 0, "world_size": 1, "process_role": "reward", "start": 9020.5}, [late])  # fmt: skip
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"note: 3 processes of 1 older run in {tmp_path} ignored; give each run its own folder"
+    assert lines[1] == f"timeline of {tmp_path}: 4 processes on 1 host, 3 steps"
+    assert lines[2].startswith("step 0: 9.0 s; trainer idle 6.1 s (68%) waiting for rollout/generate")
+    code, out, _ = _timeline(tmp_path, capsys, "--json")
+    doc = json.loads(out)
+    assert doc["note"] == f"3 processes of 1 older run in {tmp_path} ignored; give each run its own folder"
+    assert sorted(p["pid"] for p in doc["processes"]) == [11, 12, 13, 20]
