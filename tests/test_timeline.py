@@ -63,7 +63,7 @@ def test_the_verdict_names_the_idle_role_what_it_waited_for_and_the_slow_replica
         "rollout pid 3 finished rollout/generate 3.0 s after the other"
     )
     assert "critical path: rollout/generate (rollout pid 3, 6.0 s) → ref/compute_log_prob (trainer, 900.0 ms) → actor/update (trainer, 2.0 s)" in out
-    assert "idle at 0 µs for 6.1 s: waited for rollout/generate on rollout pid 3" in out
+    assert "idle at 0 µs for 6.1 s: until rollout/generate on rollout pid 3 ended" in out
     code, out, _ = _timeline(tmp_path, capsys, "--json")
     ledger = json.loads(out)
     step = ledger["steps"][1]
@@ -256,3 +256,17 @@ def test_a_second_run_in_the_same_folder_is_shown_alone_and_the_older_one_named(
     doc = json.loads(out)
     assert doc["note"] == f"3 processes of 1 older run in {tmp_path} ignored; give each run its own folder"
     assert sorted(p["pid"] for p in doc["processes"]) == [11, 12, 13, 20]
+
+
+def test_the_verdict_pins_on_a_region_only_the_idle_time_that_waited_for_it(tmp_path, capsys):
+    t = 1000.0
+    trainer = {"spans": [["trainer", "a", t, t + 1], ["trainer", "b", t + 1.5, t + 2], ["trainer", "c", t + 5, t + 6]], "steps": [[0, t, t + 6]]}  # fmt: skip
+    gen = {"spans": [["gen", "x", t, t + 1.45], ["gen", "z", t + 1.5, t + 6]], "steps": [[0, t, t + 6]]}
+    _write(tmp_path, "spans-a-1.jsonl", {"host": "a", "pid": 1, "process_role": "trainer"}, [trainer])
+    _write(tmp_path, "spans-a-2.jsonl", {"host": "a", "pid": 2, "process_role": "gen"}, [gen])
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert code == 0
+    # 0.5 s of the trainer's 3.5 s waited for gen/x; the 3 s after trainer/b followed nothing seen.
+    assert out.splitlines()[1] == "step 0: 6.0 s; trainer idle 3.5 s (58%), 500.0 ms of it waiting for gen/x"
+    assert "idle at 1.0 s for 500.0 ms: until gen/x on gen ended" in out
+    assert "idle at 2.0 s for 3.0 s: unexplained" in out

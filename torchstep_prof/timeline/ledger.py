@@ -118,6 +118,7 @@ class RoleIdle:
     share: float  # of the step's window
     waited_for: Optional[str]  # the region its gaps waited for longest
     within_clock_error: bool
+    waited_for_s: float = 0.0  # the part of idle_s (mean over the role's processes) that waited for it
 
 
 @attrs.frozen(kw_only=True)
@@ -525,6 +526,7 @@ def _role_idle(
                 share=idle / window if window > 0 else 0.0,
                 waited_for=max(causes, key=lambda k: causes[k]) if causes else None,
                 within_clock_error=all(r.within_clock_error for r in members),
+                waited_for_s=max(causes.values(), default=0.0) / len(members),
             )
         )
     return tuple(sorted(result, key=lambda r: -r.share))
@@ -554,8 +556,13 @@ def _verdict(step: StepLedger) -> str:
     idle = max(waiting, key=lambda r: r.waiting_s, default=None)
     if idle is not None:
         who = f"{idle.role} ranks" if idle.processes > 1 else idle.role
-        why = f"waiting for {idle.waited_for}" if idle.waited_for else "unexplained"
-        parts.append(f"{who} idle {format_seconds(idle.idle_s)} ({idle.share:.0%}) {why}")
+        said = f"{who} idle {format_seconds(idle.idle_s)} ({idle.share:.0%})"
+        if idle.waited_for is None or idle.waited_for_s < MIN_GAP_S:
+            parts.append(f"{said} unexplained")
+        elif idle.waited_for_s >= idle.idle_s / 2:  # the region accounts for most of it
+            parts.append(f"{said} waiting for {idle.waited_for}")
+        else:  # only part of it: say how much, never pin the whole idle time on one region
+            parts.append(f"{said}, {format_seconds(idle.waited_for_s)} of it waiting for {idle.waited_for}")
     elif step.role_idle:
         parts.append("no process idle for longer than 1 ms and its clock error")
     # The tail of the phase that was itself slow there, not one that merely started late after it.

@@ -96,7 +96,7 @@ def _detail(step: StepLedger) -> Iterator[str]:
             if gap.at_step_end:
                 why = "until the step's end"
             elif gap.waited_for:
-                why = f"waited for {gap.waited_for} on {gap.waited_process}"
+                why = f"until {gap.waited_for} on {gap.waited_process} ended"
             else:
                 why = "unexplained"
             yield safe_text(f"  {'':<{width}}    idle at {at}: {why}")
