@@ -270,3 +270,15 @@ def test_the_verdict_pins_on_a_region_only_the_idle_time_that_waited_for_it(tmp_
     assert out.splitlines()[1] == "step 0: 6.0 s; trainer idle 3.5 s (58%), 500.0 ms of it waiting for gen/x"
     assert "idle at 1.0 s for 500.0 ms: until gen/x on gen ended" in out
     assert "idle at 2.0 s for 3.0 s: unexplained" in out
+
+
+def test_a_process_that_ended_a_phase_last_only_because_it_started_late_is_no_long_tail(tmp_path, capsys):
+    t = 1000.0
+    early = {"spans": [["ref", "compute_log_prob", t, t + 3]], "steps": [[0, t, t + 3.5]]}
+    late = {"spans": [["ref", "compute_log_prob", t + 2.5, t + 3.5]], "steps": [[0, t, t + 3.5]]}
+    _write(tmp_path, "spans-a-1.jsonl", {"host": "a", "pid": 1, "process_role": "ref"}, [early])
+    _write(tmp_path, "spans-a-2.jsonl", {"host": "a", "pid": 2, "process_role": "ref"}, [late])
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert code == 0 and "long tail" not in out and "finished" not in out, out
+    code, out, _ = _timeline(tmp_path, capsys, "--json")
+    assert json.loads(out)["steps"][0]["long_tails"] == []

@@ -99,7 +99,8 @@ class PathEntry:
 
 @attrs.frozen(kw_only=True)
 class LongTail:
-    """The process that ended a phase (a region run by several processes) last."""
+    """The process that ended a phase (a region run by several processes) last, and whose own
+    time in it was longer than the median of the others' (one that merely started late is none)."""
 
     region: str
     process: str
@@ -479,13 +480,15 @@ def _long_tails(items: list[_Item], infos: list[ProcessInfo], clock: ClockEstima
         others = [per[p] for p in per if p != slowest]
         past = per[slowest] - statistics.median(others)
         error = clock.bound(slowest) + max(clock.bound(p) for p in per if p != slowest)
+        longer = spent[label][slowest] - statistics.median(v for p, v in spent[label].items() if p != slowest)
+        if longer <= 0:  # it ended last only because it started late: not this phase's tail
+            continue
         tails.append(
             LongTail(
                 region=label,
                 process=infos[slowest].name,
                 past_median_s=past,
-                longer_by_s=spent[label][slowest]
-                - statistics.median(v for p, v in spent[label].items() if p != slowest),
+                longer_by_s=longer,
                 others=len(others),
                 within_clock_error=past <= error,
             )
@@ -566,7 +569,11 @@ def _verdict(step: StepLedger) -> str:
     elif step.role_idle:
         parts.append("no process idle for longer than 1 ms and its clock error")
     # The tail of the phase that was itself slow there, not one that merely started late after it.
-    tails = [t for t in step.long_tails if not t.within_clock_error and t.past_median_s >= MIN_GAP_S]
+    tails = [
+        t
+        for t in step.long_tails
+        if not t.within_clock_error and t.past_median_s >= MIN_GAP_S and t.longer_by_s >= MIN_GAP_S
+    ]
     tail = max(tails, key=lambda t: (t.longer_by_s, t.past_median_s), default=None)
     if tail is not None:
         median = "the other" if tail.others == 1 else "the median of the others"
