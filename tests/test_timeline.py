@@ -119,7 +119,7 @@ def test_processes_of_two_hosts_without_anchors_are_never_ordered(tmp_path, caps
     path.write_text(path.read_text().replace('"host": "a"', '"host": "b"'))
     code, out, _ = _timeline(tmp_path, capsys, "--json")
     ledger = json.loads(out)
-    assert any("no clock anchor links" in p for p in ledger["problems"])
+    assert any("no clock anchor links" in p for p in ledger["clock_notes"])
     trainer = next(p for p in ledger["steps"][0]["processes"] if p["process"].startswith("trainer"))
     assert trainer["within_clock_error"]
     assert "trainer" not in ledger["steps"][0]["verdict"].split(";")[1]
@@ -209,7 +209,8 @@ def test_hostile_span_files_are_skipped_and_named_never_hang_or_crash(tmp_path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "Traceback" not in result.stderr
-    assert "spans-cut-9.jsonl: line 3 cut short" in out
+    assert "spans-cut-9.jsonl: line 3 has no line end (still being written, or its process stopped while writing it)" in out
+    assert "problems reading the files:" in out and "skipped: " not in out  # never "skipped: ... skipped"
     assert "spans-huge-11.jsonl: bigger than" in out
     assert "spans-fifo-12.jsonl: not a regular file (a FIFO)" in out
     assert "spans-zero-13.jsonl: a symbolic link" in out
@@ -236,8 +237,40 @@ def test_anchors_that_contradict_each_other_are_reported():
         "b": [Anchor("barrier", 1, 13.0, 13.001), Anchor("barrier", 2, 20.0, 20.001)],
     }
     clocks = estimate_offsets({"a": "n1", "b": "n2"}, anchors)
-    assert clocks.inconsistent and "anchors contradict each other" in clocks.inconsistent[0]
-    assert clocks.bound("a") == clocks.bound("b") == float("inf")  # no offset is claimed for either
+    assert clocks.inconsistent == ("a", "b")
+    [found] = clocks.contradictions
+    assert (found.name, found.seq, found.against, found.a, found.b) == ("barrier", 2, ("barrier", 1), "a", "b")
+    assert found.seconds == pytest.approx(2.998, abs=1e-3)
+    assert clocks.bound("b") == float("inf")  # no offset is claimed across the contradiction
+
+
+def test_a_contradiction_names_the_anchor_and_processes_and_keeps_one_hosts_processes_linked(tmp_path, capsys):
+    t = 10.0
+    for pid, host, late in ((1, "n1", 0.0), (2, "n1", 0.0), (3, "n2", 3.0)):
+        batch = {
+            "spans": [["w", "work", t, t + 1 + 0.1 * pid]],
+            "steps": [[0, t, t + 2]],
+            "anchors": [["barrier", 1, t + late, t + late + 0.001], ["barrier", 2, 20.0, 20.001]],
+        }
+        _write(tmp_path, f"spans-{host}-{pid}.jsonl", {"host": host, "pid": pid, "process_role": "w"}, [batch])
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert code == 0
+    clocks = out[out.index("clocks: ") :].splitlines()
+    assert clocks[0] == "clocks: on w pid 1@n1's; every aligned offset is right within 1.0 ms"
+    assert clocks[1].startswith("  clock anchor 'barrier' #2 contradicts #1 (and the anchors before it) for w pid 1@n1 and w pid 3@n2 by 3.0 s")  # fmt: skip
+    assert "no clock anchor links w pid 3@n2 to w pid 1@n1" in out  # the reference is never among them
+    assert "skipped" not in out
+    code, out, _ = _timeline(tmp_path, capsys, "--json")
+    bounds = {p["pid"]: p["bound_s"] for p in json.loads(out)["processes"]}
+    assert bounds[1] == 0 and 0 < bounds[2] <= 0.001 and bounds[3] is None  # one host: still linked
+
+
+def test_one_process_is_no_aligned_offset(tmp_path, capsys):
+    _write(tmp_path, "spans-a-1.jsonl", {"host": "a", "pid": 1}, [{"spans": [["w", "x", 1.0, 2.0]], "steps": [[0, 1.0, 2.0]]}])
+    _write(tmp_path, "spans-b-2.jsonl", {"host": "b", "pid": 2}, [{"spans": [["w", "x", 1.0, 2.0]], "steps": [[0, 1.0, 2.0]]}])
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert "clocks: on w pid 1@a's; no other process is aligned to it" in out
+    assert "right within" not in out
 
 
 def test_a_second_run_in_the_same_folder_is_shown_alone_and_the_older_one_named(tmp_path, capsys):

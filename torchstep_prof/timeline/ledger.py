@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import attrs
 
-from .clock import ClockEstimate, estimate_offsets
+from .clock import ClockEstimate, Contradiction, estimate_offsets
 from .reading import ProcessSpans, SpanFolder
 
 __all__ = [
@@ -43,6 +43,7 @@ MIN_GAP_S = 0.001
 """Idle gaps shorter than this are counted in the idle time but not listed one by one."""
 MAX_GAPS_LISTED = 8
 MAX_PATH = 16
+_MAX_CONTRADICTIONS = 3
 
 
 @attrs.frozen(kw_only=True)
@@ -138,8 +139,9 @@ class Ledger:
     processes: tuple[ProcessInfo, ...]
     reference: Optional[str]
     steps: tuple[StepLedger, ...]
-    problems: tuple[str, ...]
+    problems: tuple[str, ...]  # files and lines skipped
     outside_steps: int  # regions in no step's window
+    clock_notes: tuple[str, ...] = ()  # anchors that contradict each other, processes not aligned
 
 
 class _Item:
@@ -161,14 +163,17 @@ def build_ledger(folder: SpanFolder) -> Ledger:
         {i: p.anchors for i, p in enumerate(procs)},
         {i: p.ray for i, p in enumerate(procs)},
     )
-    problems += clock.inconsistent
     infos = _infos(procs, clock)
     reference = infos[clock.reference].name if isinstance(clock.reference, int) else None
-    unaligned = [infos[i].name for i in range(len(procs)) if math.isinf(clock.bound(i))]
+    clock_notes = [_contradiction_text(x, infos) for x in clock.contradictions[:_MAX_CONTRADICTIONS]]
+    if len(clock.contradictions) > _MAX_CONTRADICTIONS:
+        clock_notes.append(f"... and {len(clock.contradictions) - _MAX_CONTRADICTIONS} more pairs of processes")
+    unaligned = [infos[i].name for i in range(len(procs)) if i != clock.reference and math.isinf(clock.bound(i))]
     if unaligned:
-        problems.append(
+        clock_notes.append(
             f"no clock anchor links {', '.join(unaligned)} to {reference} "
-            "(another host, no tsp.clock_anchor, no anchored Ray call): their order against the others is not stated"
+            "(another host, no tsp.clock_anchor, no anchored Ray call, or anchors that contradict each other): "
+            "their order against the others is not stated"
         )
     by_step, outside, blocks = _assign(procs, clock)
     finished = [{b.number for b in p.steps} for p in procs]
@@ -187,6 +192,25 @@ def build_ledger(folder: SpanFolder) -> Ledger:
         steps=tuple(steps),
         problems=tuple(problems),
         outside_steps=outside,
+        clock_notes=tuple(clock_notes),
+    )
+
+
+def _contradiction_text(x: Contradiction, infos: list[ProcessInfo]) -> str:
+    a, b = (infos[p].name if isinstance(p, int) else str(p) for p in (x.a, x.b))
+    if x.same_host:
+        return (
+            f"clock anchor {x.name!r} #{x.seq} puts {a} and {b}, of one host (one clock), "
+            f"{format_seconds(x.seconds)} further apart than their host allows: one name was used by two barriers "
+            "(two runs in one folder?); those processes are aligned by host only"
+        )
+    if x.against is None:
+        return f"clock anchors contradict each other (through other processes) for {a} and {b}: aligned by host only"
+    against = f"#{x.against[1]}" if x.against[0] == x.name else f"{x.against[0]!r} #{x.against[1]}"
+    return (
+        f"clock anchor {x.name!r} #{x.seq} contradicts {against} (and the anchors before it) for {a} and {b} "
+        f"by {format_seconds(x.seconds)}: a clock stepped, or one name was used by two barriers; "
+        "those processes are aligned by host only"
     )
 
 

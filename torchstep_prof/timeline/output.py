@@ -69,8 +69,10 @@ def ledger_lines(ledger: Ledger, folder: str, detail: Optional[Sequence[int]] = 
     yield from _clocks(ledger)
     if ledger.outside_steps:
         yield f"{ledger.outside_steps} regions ran outside every step's window (not counted)"
+    if ledger.problems:
+        yield "problems reading the files:"
     for problem in ledger.problems[:20]:
-        yield safe_text(f"skipped: {problem}")
+        yield safe_text(f"  {problem}")
     if len(ledger.problems) > 20:
         yield f"... and {len(ledger.problems) - 20} more problems (--json lists them all)"
 
@@ -127,9 +129,16 @@ def _share(part: float, whole: float) -> str:
 def _clocks(ledger: Ledger) -> Iterable[str]:
     if not ledger.processes:
         return
-    finite = [p.bound_s for p in ledger.processes if math.isfinite(p.bound_s)]
-    worst = max(finite, default=0.0)
-    yield safe_text(f"clocks: on {ledger.reference}'s; every aligned offset is right within {format_seconds(worst)}")
+    aligned = [p.bound_s for p in ledger.processes if p.name != ledger.reference and math.isfinite(p.bound_s)]
+    if aligned:
+        within = f"every aligned offset is right within {format_seconds(max(aligned))}"
+    elif len(ledger.processes) > 1:
+        within = "no other process is aligned to it"
+    else:
+        within = "one process"
+    yield safe_text(f"clocks: on {ledger.reference}'s; {within}")
+    for note in ledger.clock_notes:
+        yield safe_text(f"  {note}")
     for p in ledger.processes:
         if abs(p.offset_s) > p.bound_s or not math.isfinite(p.bound_s):
             bound = "unknown (not aligned)" if not math.isfinite(p.bound_s) else f"± {format_seconds(p.bound_s)}"

@@ -197,7 +197,7 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
     bad: list[str] = []
     for number, raw in enumerate(lines, 1):
         if cut_short and number == len(lines):
-            bad.append(f"line {number} cut short (the process was killed while writing it)")
+            bad.append(f"line {number} has no line end (still being written, or its process stopped while writing it)")
             continue
         try:
             record = json.loads(raw)
