@@ -224,6 +224,7 @@ def test_hostile_span_files_are_skipped_and_named_never_hang_or_crash(tmp_path):
 def test_an_empty_or_missing_folder_is_a_clear_error(tmp_path, capsys):
     code, out, err = _timeline(tmp_path, capsys)
     assert code == 1 and "no span file, and no trace carrying spans, in" in err
+    assert out == ""  # no advice about steps: there is nothing to mark
     with pytest.raises(SystemExit) as caught:
         main(["timeline", str(tmp_path / "missing")])
     assert caught.value.code == 2
@@ -315,3 +316,42 @@ def test_a_process_that_ended_a_phase_last_only_because_it_started_late_is_no_lo
     assert code == 0 and "long tail" not in out and "finished" not in out, out
     code, out, _ = _timeline(tmp_path, capsys, "--json")
     assert json.loads(out)["steps"][0]["long_tails"] == []
+
+
+def test_every_process_without_an_exit_line_is_named_with_its_last_step(tmp_path, capsys):
+    def batch(last: int) -> dict:
+        return {"spans": [["w", "x", 10.0 * n, 10.0 * n + 5] for n in range(last + 1)], "steps": [[n, 10.0 * n, 10.0 * n + 5] for n in range(last + 1)]}  # fmt: skip
+
+    _write(tmp_path, "spans-a-1.jsonl", {"host": "a", "pid": 1, "rank": 0, "world_size": 3}, [batch(3)])
+    _write(tmp_path, "spans-a-2.jsonl", {"host": "a", "pid": 2, "rank": 1, "world_size": 3}, [batch(2)], ended=False)
+    _write(tmp_path, "spans-a-3.jsonl", {"host": "a", "pid": 3, "rank": 2, "world_size": 3}, [batch(1)], ended=False)
+    code, out, _ = _timeline(tmp_path, capsys)
+    lines = out.splitlines()
+    assert lines[1] == (
+        "no exit line (killed, or still running): w rank 1 (last step finished: 2), w rank 2 (last step finished: 1); "
+        "a rank torchrun tears down after another failed loses its last half second of spans"
+    )
+    assert lines[4].endswith("; incomplete: w rank 2's span log ends in this step") and lines[4].startswith("step 2:")
+    assert lines[5].endswith("; incomplete: w rank 1's span log ends in this step") and lines[5].startswith("step 3:")
+
+
+def test_step_asks_for_steps_the_spans_hold_and_json_gives_only_those(tmp_path, capsys):
+    _rl_job(tmp_path, steps=4)
+    code, out, err = _timeline(tmp_path, capsys, "--step", "99", "--step", "2")
+    assert (code, out) == (1, "")
+    assert err == "torchstep-prof: timeline: --step 99: not in the spans (steps: 0-3)\n"
+    code, out, _ = _timeline(tmp_path, capsys, "--json", "--step", "2", "--step", "0")
+    assert code == 0 and [s["number"] for s in json.loads(out)["steps"]] == [0, 2]
+    code, out, _ = _timeline(tmp_path, capsys, "--step", "2")
+    assert code == 0 and "step 2 (9.0 s), process by process:" in out
+
+
+def test_a_full_stdout_is_a_clean_error_not_a_traceback(tmp_path):
+    _rl_job(tmp_path)
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "torchstep_prof", "timeline", str(tmp_path)],
+            env=worker_env(), stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr == "torchstep-prof: timeline: cannot write the output (No space left on device)\n"

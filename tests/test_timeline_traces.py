@@ -56,6 +56,8 @@ def test_timeline_on_a_trace_folder_gives_the_traced_steps_with_both_processes(t
     assert lines[0].startswith("read from the spans the traces in ")
     assert lines[1].endswith(": 2 processes on 1 host, 2 steps")
     assert lines[2].startswith("step 2: ") and lines[3].startswith("step 3: ")
+    code, out, err = _cli(capsys, "timeline", str(traced_job), "--step", "1")
+    assert (code, out, err) == (1, "", "torchstep-prof: timeline: --step 1: not traced (traced: 2-3)\n")
     code, out, _ = _cli(capsys, "timeline", str(traced_job), "--json")
     ledger = json.loads(out)
     assert ledger["source"] == "traces" and ledger["note"] is None

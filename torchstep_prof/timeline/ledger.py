@@ -57,7 +57,8 @@ class ProcessInfo:
     pid: int
     offset_s: float  # its clock minus the reference's
     bound_s: float  # the offset is right within this (inf: no anchor links it)
-    ended: bool
+    ended: bool  # its span file ends with the line of a normal exit
+    last_step: Optional[int] = None  # the last step block it finished (logged)
 
 
 @attrs.frozen(kw_only=True)
@@ -83,7 +84,7 @@ class ProcessStep:
     idle_error_s: float  # the idle time is right within this (its gaps at the window's edges)
     within_clock_error: bool  # idle_s <= idle_error_s: no idle time stated
     gaps: tuple[Gap, ...]  # the longest, at most MAX_GAPS_LISTED, in time order
-    incomplete: bool  # the process stopped in this step (killed: its file has no end)
+    incomplete: bool  # the process's span log ends in this step (it has no end line)
     bars: tuple[
         tuple[str, float, float], ...
     ] = ()  # its outermost regions: (role/stage, start_s, end_s) from the step's start
@@ -248,6 +249,7 @@ def _infos(procs: Sequence[ProcessSpans], clock: ClockEstimate) -> list[ProcessI
             offset_s=clock.offset(i),
             bound_s=clock.bound(i),
             ended=p.ended,
+            last_step=max((b.number for b in p.steps), default=None),
         )
         for i, p in enumerate(procs)
     ]
@@ -603,6 +605,6 @@ def _verdict(step: StepLedger) -> str:
         median = "the other" if tail.others == 1 else "the median of the others"
         parts.append(f"{tail.process} finished {tail.region} {format_seconds(tail.past_median_s)} after {median}")
     stopped = [p.process for p in step.processes if p.incomplete]
-    if stopped:
-        parts.append(f"incomplete: {', '.join(stopped)} stopped")
+    if stopped:  # its log ends here: killed, or torn down (and its last half second lost) after another was
+        parts.append(f"incomplete: {', '.join(s + chr(39) + 's' for s in stopped)} span log ends in this step")
     return "; ".join(parts)

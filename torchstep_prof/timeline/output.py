@@ -14,7 +14,7 @@ import attrs
 from ..rendering import safe_text
 from .ledger import Ledger, StepLedger, format_seconds
 
-__all__ = ["MAX_VERDICTS", "ledger_lines", "ledger_to_dict"]
+__all__ = ["MAX_VERDICTS", "ledger_lines", "ledger_to_dict", "step_ranges"]
 
 MAX_VERDICTS = 30
 """Verdict lines printed at most (the slowest steps, in step order); ``--json`` has them all."""
@@ -44,6 +44,15 @@ def ledger_lines(ledger: Ledger, folder: str, detail: Optional[Sequence[int]] = 
         f"timeline of {folder}: {len(ledger.processes)} processes on {len(hosts)} host{'s' if len(hosts) != 1 else ''}, "
         f"{len(ledger.steps)} steps"
     )
+    unended = [p for p in ledger.processes if not p.ended]
+    if unended:
+        listed = ", ".join(
+            f"{p.name} (last step finished: {'none' if p.last_step is None else p.last_step})" for p in unended
+        )
+        yield safe_text(
+            f"no exit line (killed, or still running): {listed}; "
+            "a rank torchrun tears down after another failed loses its last half second of spans"
+        )
     steps = ledger.steps
     if not steps:
         yield "no step has spans: mark steps with tsp.step(n) (or begin_step) in the processes that log spans"
@@ -57,11 +66,8 @@ def ledger_lines(ledger: Ledger, folder: str, detail: Optional[Sequence[int]] = 
     by_number = {s.number: s for s in steps}
     if detail is None:
         chosen = [max(steps, key=lambda s: s.seconds)] if steps else []
-    else:
+    else:  # the command checked that each is there
         chosen = [by_number[n] for n in detail if n in by_number]
-        missing = [n for n in detail if n not in by_number]
-        if missing:
-            yield f"no spans for step {', '.join(str(n) for n in missing)}"
     for step in chosen:
         yield ""
         yield from _detail(step)
@@ -77,6 +83,23 @@ def ledger_lines(ledger: Ledger, folder: str, detail: Optional[Sequence[int]] = 
         yield f"... and {len(ledger.problems) - 20} more problems (--json lists them all)"
 
 
+def step_ranges(numbers: Sequence[int]) -> str:
+    """Sorted step numbers, runs of consecutive ones as ranges.
+
+    >>> step_ranges([0, 1, 2, 3, 7]), step_ranges([3, 5])
+    ('0-3, 7', '3, 5')
+    """
+    parts: list[str] = []
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    return ", ".join(parts)
+
+
 def _detail(step: StepLedger) -> Iterator[str]:
     yield f"step {step.number} ({format_seconds(step.seconds)}), process by process:"
     width = max((len(safe_text(p.process)) for p in step.processes), default=8)
@@ -87,7 +110,7 @@ def _detail(step: StepLedger) -> Iterator[str]:
             else f"{format_seconds(p.idle_s)} ({_share(p.idle_s, step.seconds)})"
         )
         regions = ", ".join(f"{r} {format_seconds(s)}" for r, s in p.busy_by_region[:4])
-        flag = "  INCOMPLETE (stopped in this step)" if p.incomplete else ""
+        flag = "  INCOMPLETE (its span log ends in this step)" if p.incomplete else ""
         yield safe_text(f"  {p.process:<{width}}  busy {format_seconds(p.busy_s):>9}  idle {idle:<18}  {regions}{flag}")
         if p.within_clock_error:
             continue
