@@ -355,3 +355,18 @@ def test_a_full_stdout_is_a_clean_error_not_a_traceback(tmp_path):
         )  # fmt: skip
     assert result.returncode == 1
     assert result.stderr == "torchstep-prof: timeline: cannot write the output (No space left on device)\n"
+
+
+def test_a_process_whose_ray_calls_ran_but_logged_no_region_is_warned_about(tmp_path, capsys):
+    _rl_job(tmp_path)
+    # What an async actor with tsp.spans entered in __init__ writes: its calls' runs, no region.
+    batch = {"thread": "AsyncIO Thread: default", "spans": [], "ray": [["t1", "ran", 1000.0, 1001.0], ["t2", "ran", 1020.0, 1021.0]]}  # fmt: skip
+    _write(tmp_path, "spans-a-7.jsonl", {"host": "a", "pid": 7, "process_role": "reward"}, [batch])
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert code == 0
+    assert out.splitlines()[1] == (
+        "warning: reward ran 2 anchored Ray calls but logged no region: an async actor method runs in another "
+        "thread and context, so enter tsp.spans in the method (docs/timeline.md)"
+    )
+    code, out, _ = _timeline(tmp_path, capsys, "--json")
+    assert json.loads(out)["warnings"][0].startswith("reward ran 2 anchored Ray calls")

@@ -143,6 +143,7 @@ class Ledger:
     problems: tuple[str, ...]  # files and lines skipped
     outside_steps: int  # regions in no step's window
     clock_notes: tuple[str, ...] = ()  # anchors that contradict each other, processes not aligned
+    warnings: tuple[str, ...] = ()  # said before the verdicts: what the files say was lost
 
 
 class _Item:
@@ -194,7 +195,24 @@ def build_ledger(folder: SpanFolder) -> Ledger:
         problems=tuple(problems),
         outside_steps=outside,
         clock_notes=tuple(clock_notes),
+        warnings=tuple(_warnings(procs, infos)),
     )
+
+
+def _warnings(procs: Sequence[ProcessSpans], infos: list[ProcessInfo]) -> list[str]:
+    """Processes whose anchored Ray calls ran but that logged no region: an ``async def``
+    actor method runs in another thread and context than ``__init__``, so spans entered
+    there are off in it (docs/timeline.md)."""
+    said = []
+    for i, p in enumerate(procs):
+        ran = sum(1 for r in p.ray if r.what == "ran")
+        if ran and not p.spans:
+            said.append(
+                f"{infos[i].name} ran {ran} anchored Ray call{'s' if ran != 1 else ''} but logged no region: "
+                "an async actor method runs in another thread and context, so enter tsp.spans in the method "
+                "(docs/timeline.md)"
+            )
+    return said
 
 
 def _contradiction_text(x: Contradiction, infos: list[ProcessInfo]) -> str:

@@ -44,6 +44,8 @@ def ledger_lines(ledger: Ledger, folder: str, detail: Optional[Sequence[int]] = 
         f"timeline of {folder}: {len(ledger.processes)} processes on {len(hosts)} host{'s' if len(hosts) != 1 else ''}, "
         f"{len(ledger.steps)} steps"
     )
+    for warning in ledger.warnings:
+        yield safe_text(f"warning: {warning}")
     unended = [p for p in ledger.processes if not p.ended]
     if unended:
         listed = ", ".join(
