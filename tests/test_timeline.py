@@ -329,7 +329,8 @@ def test_every_process_without_an_exit_line_is_named_with_its_last_step(tmp_path
     lines = out.splitlines()
     assert lines[1] == (
         "no exit line (killed, or still running): w rank 1 (last step finished: 2), w rank 2 (last step finished: 1); "
-        "a rank torchrun tears down after another failed loses its last half second of spans"
+        "a process torn down (torchrun's SIGTERM after another rank failed, ray.shutdown()) loses what it logged "
+        "in its last half second"
     )
     assert lines[4].endswith("; incomplete: w rank 2's span log ends in this step") and lines[4].startswith("step 2:")
     assert lines[5].endswith("; incomplete: w rank 1's span log ends in this step") and lines[5].startswith("step 3:")
@@ -365,8 +366,8 @@ def test_a_process_whose_ray_calls_ran_but_logged_no_region_is_warned_about(tmp_
     code, out, _ = _timeline(tmp_path, capsys)
     assert code == 0
     assert out.splitlines()[1] == (
-        "warning: reward ran 2 anchored Ray calls but logged no region: an async actor method runs in another "
+        "warning: reward (pid 7) ran 2 anchored Ray calls but logged no region: an async actor method runs in another "
         "thread and context, so enter tsp.spans in the method (docs/timeline.md)"
     )
     code, out, _ = _timeline(tmp_path, capsys, "--json")
-    assert json.loads(out)["warnings"][0].startswith("reward ran 2 anchored Ray calls")
+    assert json.loads(out)["warnings"][0].startswith("reward (pid 7) ran 2 anchored Ray calls")

@@ -207,8 +207,9 @@ def _warnings(procs: Sequence[ProcessSpans], infos: list[ProcessInfo]) -> list[s
     for i, p in enumerate(procs):
         ran = sum(1 for r in p.ray if r.what == "ran")
         if ran and not p.spans:
+            who = infos[i].name if "pid" in infos[i].name else f"{infos[i].name} (pid {p.pid})"
             said.append(
-                f"{infos[i].name} ran {ran} anchored Ray call{'s' if ran != 1 else ''} but logged no region: "
+                f"{who} ran {ran} anchored Ray call{'s' if ran != 1 else ''} but logged no region: "
                 "an async actor method runs in another thread and context, so enter tsp.spans in the method "
                 "(docs/timeline.md)"
             )

@@ -52,8 +52,8 @@ def ledger_lines(ledger: Ledger, folder: str, detail: Optional[Sequence[int]] = 
             f"{p.name} (last step finished: {'none' if p.last_step is None else p.last_step})" for p in unended
         )
         yield safe_text(
-            f"no exit line (killed, or still running): {listed}; "
-            "a rank torchrun tears down after another failed loses its last half second of spans"
+            f"no exit line (killed, or still running): {listed}; a process torn down (torchrun's SIGTERM "
+            "after another rank failed, ray.shutdown()) loses what it logged in its last half second"
         )
     steps = ledger.steps
     if not steps:
