@@ -304,6 +304,7 @@ def test_the_verdict_pins_on_a_region_only_the_idle_time_that_waited_for_it(tmp_
     assert out.splitlines()[1] == "step 0: 6.0 s; trainer idle 3.5 s (58%), 500.0 ms of it waiting for gen/x"
     assert "idle at 1.0 s for 500.0 ms: until gen/x on gen ended" in out
     assert "idle at 2.0 s for 3.0 s: unexplained" in out
+    assert "idle share by role: trainer 58% (500.0 ms of it waiting for gen/x)" in out
 
 
 def test_a_process_that_ended_a_phase_last_only_because_it_started_late_is_no_long_tail(tmp_path, capsys):

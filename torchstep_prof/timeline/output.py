@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import attrs
 
 from ..rendering import safe_text
-from .ledger import Ledger, StepLedger, format_seconds
+from .ledger import Ledger, RoleIdle, StepLedger, format_seconds
 
 __all__ = ["MAX_VERDICTS", "ledger_lines", "ledger_to_dict", "step_ranges"]
 
@@ -140,11 +140,17 @@ def _detail(step: StepLedger) -> Iterator[str]:
             )
     shares = ", ".join(
         f"{r.role} {'within clock error' if r.within_clock_error else _share(r.idle_s, step.seconds)}"
-        + (f" (waiting for {r.waited_for})" if r.waited_for and not r.within_clock_error else "")
+        + (_waited(r) if r.waited_for and not r.within_clock_error else "")
         for r in step.role_idle
     )
     if shares:
         yield safe_text(f"  idle share by role: {shares}")
+
+
+def _waited(r: RoleIdle) -> str:
+    if r.waited_for_s >= r.idle_s / 2:  # most of it: as the verdict says it
+        return f" (waiting for {r.waited_for})"
+    return f" ({format_seconds(r.waited_for_s)} of it waiting for {r.waited_for})"
 
 
 def _share(part: float, whole: float) -> str:
