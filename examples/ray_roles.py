@@ -222,7 +222,7 @@ def run_timeline(args: argparse.Namespace) -> None:
             print(f"step {n} done")
         ray.get([a.close.remote() for a in [*trainers, *rollouts, reference]])
     finally:
-        ray.shutdown()  # each actor's process exits: its span log writes its last lines
+        ray.shutdown()  # kills the actors' processes, nothing runs at their exit: close() flushed their spans
     subprocess.run([sys.executable, "-m", "torchstep_prof", "timeline", spans_dir], check=False)
 
 

@@ -123,10 +123,10 @@ def test_a_killed_process_keeps_its_finished_steps_and_the_ledger_marks_its_last
     )
     script = tmp_path / "job.py"
     script.write_text(code)
-    steady = subprocess.run(
-        [sys.executable, str(script), "-1", str(spans), "steady"], env=worker_env(), capture_output=True, text=True, timeout=120
+    # Both at once: one run (a process started after every other one ended would be another run).
+    steady = subprocess.Popen(
+        [sys.executable, str(script), "-1", str(spans), "steady"], env=worker_env(), stdout=subprocess.PIPE, text=True
     )
-    assert steady.returncode == 0, steady.stderr
     victim = subprocess.Popen(
         [sys.executable, str(script), "6", str(spans), "victim"], env=worker_env(), stdout=subprocess.PIPE, text=True
     )
@@ -137,9 +137,12 @@ def test_a_killed_process_keeps_its_finished_steps_and_the_ledger_marks_its_last
             if victim.stdout.readline().strip() == "step 5 done":
                 break
         time.sleep(1.5)  # the span log writes twice a second
+        assert steady.wait(timeout=120) == 0
     finally:
         victim.send_signal(signal.SIGKILL)
         victim.wait()
+        steady.kill()
+        steady.communicate()
     folder = read_span_folder(str(spans))
     killed = next(p for p in folder.processes if p.process_role is None and p.spans[0].role == "victim")
     assert not killed.ended
@@ -158,7 +161,8 @@ def test_a_killed_process_keeps_its_finished_steps_and_the_ledger_marks_its_last
     assert sorted(steps) == list(range(10))
     step6 = {p["process"]: p for p in steps[6]["processes"]}
     assert step6["victim"]["incomplete"] and not step6["steady"]["incomplete"]
-    assert "incomplete: victim stopped" in steps[6]["verdict"]
+    assert "incomplete: victim's span log ends in this step" in steps[6]["verdict"]
+    assert [(p["name"], p["ended"], p["last_step"]) for p in ledger["processes"]] == [("steady", True, 9), ("victim", False, 5)]
     assert not any(p["incomplete"] for n in range(6) for p in steps[n]["processes"])
 
 

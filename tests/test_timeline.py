@@ -33,19 +33,19 @@ def _write(folder: Path, name: str, header: dict, batches: list[dict], ended: bo
     return path
 
 
-def _rl_job(folder: Path, steps: int = 3) -> None:
+def _rl_job(folder: Path, steps: int = 3, base: float = 1000.0, pid: int = 1) -> None:
     """A trainer that waits on two rollout replicas (the second 3 s slower), then updates."""
     trainer, fast, slow = ({"spans": [], "steps": []} for _ in range(3))
     for n in range(steps):
-        t = 1000.0 + 20 * n
+        t = base + 20 * n
         for replica, seconds in ((fast, 3), (slow, 6)):
             replica["spans"].append(["rollout", "generate", t, t + seconds])
             replica["steps"].append([n, t, t + seconds])
         trainer["spans"] += [["ref", "compute_log_prob", t + 6.1, t + 7], ["actor", "update", t + 7, t + 9]]
         trainer["steps"].append([n, t, t + 9])
-    _write(folder, "spans-a-1.jsonl", {"host": "a", "pid": 1, "rank": 0, "world_size": 1, "process_role": "trainer"}, [trainer])
-    _write(folder, "spans-a-2.jsonl", {"host": "a", "pid": 2, "rank": 0, "world_size": 1, "process_role": "rollout"}, [fast])
-    _write(folder, "spans-a-3.jsonl", {"host": "a", "pid": 3, "rank": 0, "world_size": 1, "process_role": "rollout"}, [slow])
+    for p, role, batch in ((pid, "trainer", trainer), (pid + 1, "rollout", fast), (pid + 2, "rollout", slow)):
+        header = {"host": "a", "pid": p, "rank": 0, "world_size": 1, "process_role": role}
+        _write(folder, f"spans-a-{p}.jsonl", header, [batch])
 
 
 def _timeline(folder: Path, capsys, *args: str) -> tuple[int, str, str]:
@@ -63,7 +63,7 @@ def test_the_verdict_names_the_idle_role_what_it_waited_for_and_the_slow_replica
         "rollout pid 3 finished rollout/generate 3.0 s after the other"
     )
     assert "critical path: rollout/generate (rollout pid 3, 6.0 s) → ref/compute_log_prob (trainer, 900.0 ms) → actor/update (trainer, 2.0 s)" in out
-    assert "idle at 0 µs for 6.1 s: waited for rollout/generate on rollout pid 3" in out
+    assert "idle at 0 µs for 6.1 s: until rollout/generate on rollout pid 3 ended" in out
     code, out, _ = _timeline(tmp_path, capsys, "--json")
     ledger = json.loads(out)
     step = ledger["steps"][1]
@@ -119,7 +119,7 @@ def test_processes_of_two_hosts_without_anchors_are_never_ordered(tmp_path, caps
     path.write_text(path.read_text().replace('"host": "a"', '"host": "b"'))
     code, out, _ = _timeline(tmp_path, capsys, "--json")
     ledger = json.loads(out)
-    assert any("no clock anchor links" in p for p in ledger["problems"])
+    assert any("no clock anchor links" in p for p in ledger["clock_notes"])
     trainer = next(p for p in ledger["steps"][0]["processes"] if p["process"].startswith("trainer"))
     assert trainer["within_clock_error"]
     assert "trainer" not in ledger["steps"][0]["verdict"].split(";")[1]
@@ -209,7 +209,8 @@ def test_hostile_span_files_are_skipped_and_named_never_hang_or_crash(tmp_path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "Traceback" not in result.stderr
-    assert "spans-cut-9.jsonl: line 3 cut short" in out
+    assert "spans-cut-9.jsonl: line 3 has no line end (still being written, or its process stopped while writing it)" in out
+    assert "problems reading the files:" in out and "skipped: " not in out  # never "skipped: ... skipped"
     assert "spans-huge-11.jsonl: bigger than" in out
     assert "spans-fifo-12.jsonl: not a regular file (a FIFO)" in out
     assert "spans-zero-13.jsonl: a symbolic link" in out
@@ -223,6 +224,7 @@ def test_hostile_span_files_are_skipped_and_named_never_hang_or_crash(tmp_path):
 def test_an_empty_or_missing_folder_is_a_clear_error(tmp_path, capsys):
     code, out, err = _timeline(tmp_path, capsys)
     assert code == 1 and "no span file, and no trace carrying spans, in" in err
+    assert out == ""  # no advice about steps: there is nothing to mark
     with pytest.raises(SystemExit) as caught:
         main(["timeline", str(tmp_path / "missing")])
     assert caught.value.code == 2
@@ -236,5 +238,137 @@ def test_anchors_that_contradict_each_other_are_reported():
         "b": [Anchor("barrier", 1, 13.0, 13.001), Anchor("barrier", 2, 20.0, 20.001)],
     }
     clocks = estimate_offsets({"a": "n1", "b": "n2"}, anchors)
-    assert clocks.inconsistent and "anchors contradict each other" in clocks.inconsistent[0]
-    assert clocks.bound("a") == clocks.bound("b") == float("inf")  # no offset is claimed for either
+    assert clocks.inconsistent == ("a", "b")
+    [found] = clocks.contradictions
+    assert (found.name, found.seq, found.against, found.a, found.b) == ("barrier", 2, ("barrier", 1), "a", "b")
+    assert found.seconds == pytest.approx(2.998, abs=1e-3)
+    assert clocks.bound("b") == float("inf")  # no offset is claimed across the contradiction
+
+
+def test_a_contradiction_names_the_anchor_and_processes_and_keeps_one_hosts_processes_linked(tmp_path, capsys):
+    t = 10.0
+    for pid, host, late in ((1, "n1", 0.0), (2, "n1", 0.0), (3, "n2", 3.0)):
+        batch = {
+            "spans": [["w", "work", t, t + 1 + 0.1 * pid]],
+            "steps": [[0, t, t + 2]],
+            "anchors": [["barrier", 1, t + late, t + late + 0.001], ["barrier", 2, 20.0, 20.001]],
+        }
+        _write(tmp_path, f"spans-{host}-{pid}.jsonl", {"host": host, "pid": pid, "process_role": "w"}, [batch])
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert code == 0
+    clocks = out[out.index("clocks: ") :].splitlines()
+    assert clocks[0] == "clocks: on w pid 1@n1's; every aligned offset is right within 1.0 ms"
+    assert clocks[1].startswith("  clock anchor 'barrier' #2 contradicts #1 (and the anchors before it) for w pid 1@n1 and w pid 3@n2 by 3.0 s")  # fmt: skip
+    assert "no clock anchor links w pid 3@n2 to w pid 1@n1" in out  # the reference is never among them
+    assert "skipped" not in out
+    code, out, _ = _timeline(tmp_path, capsys, "--json")
+    bounds = {p["pid"]: p["bound_s"] for p in json.loads(out)["processes"]}
+    assert bounds[1] == 0 and 0 < bounds[2] <= 0.001 and bounds[3] is None  # one host: still linked
+
+
+def test_one_process_is_no_aligned_offset(tmp_path, capsys):
+    _write(tmp_path, "spans-a-1.jsonl", {"host": "a", "pid": 1}, [{"spans": [["w", "x", 1.0, 2.0]], "steps": [[0, 1.0, 2.0]]}])
+    _write(tmp_path, "spans-b-2.jsonl", {"host": "b", "pid": 2}, [{"spans": [["w", "x", 1.0, 2.0]], "steps": [[0, 1.0, 2.0]]}])
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert "clocks: on w pid 1@a's; no other process is aligned to it" in out
+    assert "right within" not in out
+
+
+def test_a_second_run_in_the_same_folder_is_shown_alone_and_the_older_one_named(tmp_path, capsys):
+    _rl_job(tmp_path, base=1000.0, pid=1)
+    _rl_job(tmp_path, base=9000.0, pid=11)
+    # A Ray actor started late in the newest run (its log starts after the others' did) is of that run.
+    late = {"spans": [["reward", "score", 9021.0, 9022.0]], "steps": [[1, 9021.0, 9022.0]]}
+    _write(tmp_path, "spans-a-20.jsonl", {"host": "a", "pid": 20, "rank": 0, "world_size": 1, "process_role": "reward", "start": 9020.5}, [late])  # fmt: skip
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"note: 3 processes of 1 older run in {tmp_path} ignored; give each run its own folder"
+    assert lines[1] == f"timeline of {tmp_path}: 4 processes on 1 host, 3 steps"
+    assert lines[2].startswith("step 0: 9.0 s; trainer idle 6.1 s (68%) waiting for rollout/generate")
+    code, out, _ = _timeline(tmp_path, capsys, "--json")
+    doc = json.loads(out)
+    assert doc["note"] == f"3 processes of 1 older run in {tmp_path} ignored; give each run its own folder"
+    assert sorted(p["pid"] for p in doc["processes"]) == [11, 12, 13, 20]
+
+
+def test_the_verdict_pins_on_a_region_only_the_idle_time_that_waited_for_it(tmp_path, capsys):
+    t = 1000.0
+    trainer = {"spans": [["trainer", "a", t, t + 1], ["trainer", "b", t + 1.5, t + 2], ["trainer", "c", t + 5, t + 6]], "steps": [[0, t, t + 6]]}  # fmt: skip
+    gen = {"spans": [["gen", "x", t, t + 1.45], ["gen", "z", t + 1.5, t + 6]], "steps": [[0, t, t + 6]]}
+    _write(tmp_path, "spans-a-1.jsonl", {"host": "a", "pid": 1, "process_role": "trainer"}, [trainer])
+    _write(tmp_path, "spans-a-2.jsonl", {"host": "a", "pid": 2, "process_role": "gen"}, [gen])
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert code == 0
+    # 0.5 s of the trainer's 3.5 s waited for gen/x; the 3 s after trainer/b followed nothing seen.
+    assert out.splitlines()[1] == "step 0: 6.0 s; trainer idle 3.5 s (58%), 500.0 ms of it waiting for gen/x"
+    assert "idle at 1.0 s for 500.0 ms: until gen/x on gen ended" in out
+    assert "idle at 2.0 s for 3.0 s: unexplained" in out
+    assert "idle share by role: trainer 58% (500.0 ms of it waiting for gen/x)" in out
+
+
+def test_a_process_that_ended_a_phase_last_only_because_it_started_late_is_no_long_tail(tmp_path, capsys):
+    t = 1000.0
+    early = {"spans": [["ref", "compute_log_prob", t, t + 3]], "steps": [[0, t, t + 3.5]]}
+    late = {"spans": [["ref", "compute_log_prob", t + 2.5, t + 3.5]], "steps": [[0, t, t + 3.5]]}
+    _write(tmp_path, "spans-a-1.jsonl", {"host": "a", "pid": 1, "process_role": "ref"}, [early])
+    _write(tmp_path, "spans-a-2.jsonl", {"host": "a", "pid": 2, "process_role": "ref"}, [late])
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert code == 0 and "long tail" not in out and "finished" not in out, out
+    code, out, _ = _timeline(tmp_path, capsys, "--json")
+    assert json.loads(out)["steps"][0]["long_tails"] == []
+
+
+def test_every_process_without_an_exit_line_is_named_with_its_last_step(tmp_path, capsys):
+    def batch(last: int) -> dict:
+        return {"spans": [["w", "x", 10.0 * n, 10.0 * n + 5] for n in range(last + 1)], "steps": [[n, 10.0 * n, 10.0 * n + 5] for n in range(last + 1)]}  # fmt: skip
+
+    _write(tmp_path, "spans-a-1.jsonl", {"host": "a", "pid": 1, "rank": 0, "world_size": 3}, [batch(3)])
+    _write(tmp_path, "spans-a-2.jsonl", {"host": "a", "pid": 2, "rank": 1, "world_size": 3}, [batch(2)], ended=False)
+    _write(tmp_path, "spans-a-3.jsonl", {"host": "a", "pid": 3, "rank": 2, "world_size": 3}, [batch(1)], ended=False)
+    code, out, _ = _timeline(tmp_path, capsys)
+    lines = out.splitlines()
+    assert lines[1] == (
+        "no exit line (killed, or still running): w rank 1 (last step finished: 2), w rank 2 (last step finished: 1); "
+        "a process torn down (torchrun's SIGTERM after another rank failed, ray.shutdown()) loses what it logged "
+        "in its last half second"
+    )
+    assert lines[4].endswith("; incomplete: w rank 2's span log ends in this step") and lines[4].startswith("step 2:")
+    assert lines[5].endswith("; incomplete: w rank 1's span log ends in this step") and lines[5].startswith("step 3:")
+
+
+def test_step_asks_for_steps_the_spans_hold_and_json_gives_only_those(tmp_path, capsys):
+    _rl_job(tmp_path, steps=4)
+    code, out, err = _timeline(tmp_path, capsys, "--step", "99", "--step", "2")
+    assert (code, out) == (1, "")
+    assert err == "torchstep-prof: timeline: --step 99: not in the spans (steps: 0-3)\n"
+    code, out, _ = _timeline(tmp_path, capsys, "--json", "--step", "2", "--step", "0")
+    assert code == 0 and [s["number"] for s in json.loads(out)["steps"]] == [0, 2]
+    code, out, _ = _timeline(tmp_path, capsys, "--step", "2")
+    assert code == 0 and "step 2 (9.0 s), process by process:" in out
+
+
+def test_a_full_stdout_is_a_clean_error_not_a_traceback(tmp_path):
+    _rl_job(tmp_path)
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "torchstep_prof", "timeline", str(tmp_path)],
+            env=worker_env(), stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr == "torchstep-prof: timeline: cannot write the output (No space left on device)\n"
+
+
+def test_a_process_whose_ray_calls_ran_but_logged_no_region_is_warned_about(tmp_path, capsys):
+    _rl_job(tmp_path)
+    # What an async actor with tsp.spans entered in __init__ writes: its calls' runs, no region.
+    batch = {"thread": "AsyncIO Thread: default", "spans": [], "ray": [["t1", "ran", 1000.0, 1001.0], ["t2", "ran", 1020.0, 1021.0]]}  # fmt: skip
+    _write(tmp_path, "spans-a-7.jsonl", {"host": "a", "pid": 7, "process_role": "reward"}, [batch])
+    code, out, _ = _timeline(tmp_path, capsys)
+    assert code == 0
+    assert out.splitlines()[1] == (
+        "warning: reward (pid 7) ran 2 anchored Ray calls but logged no region: an async actor method runs in another "
+        "thread and context, so enter tsp.spans in the method (docs/timeline.md)"
+    )
+    code, out, _ = _timeline(tmp_path, capsys, "--json")
+    assert json.loads(out)["warnings"][0].startswith("reward (pid 7) ran 2 anchored Ray calls")

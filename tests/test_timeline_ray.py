@@ -133,4 +133,4 @@ def test_without_its_ray_calls_an_actor_of_another_host_is_not_aligned(spans: Pa
     after = _ledger(moved)
     procs = {p["name"].split("@")[0]: p for p in after["processes"]}
     assert procs["ref"]["bound_s"] is None
-    assert any("no clock anchor links ref@node-b" in p for p in after["problems"])
+    assert any("no clock anchor links ref@node-b" in p for p in after["clock_notes"])

@@ -56,6 +56,8 @@ def test_timeline_on_a_trace_folder_gives_the_traced_steps_with_both_processes(t
     assert lines[0].startswith("read from the spans the traces in ")
     assert lines[1].endswith(": 2 processes on 1 host, 2 steps")
     assert lines[2].startswith("step 2: ") and lines[3].startswith("step 3: ")
+    code, out, err = _cli(capsys, "timeline", str(traced_job), "--step", "1")
+    assert (code, out, err) == (1, "", "torchstep-prof: timeline: --step 1: not traced (traced: 2-3)\n")
     code, out, _ = _cli(capsys, "timeline", str(traced_job), "--json")
     ledger = json.loads(out)
     assert ledger["source"] == "traces" and ledger["note"] is None
@@ -146,7 +148,7 @@ def test_traces_without_spans_leave_summarize_unchanged_and_hostile_files_are_sk
 
 def test_summarize_reads_the_timeline_of_the_newest_run_of_each_rank(traced_job, tmp_path, capsys):
     """An older run traced into the same folder (other pids, an hour earlier) is left out of the
-    section, as summarize leaves it out of its table; ``timeline`` reads every process there."""
+    section, as summarize leaves it out of its table; ``timeline`` leaves it out too, and says so."""
     for path in traced_job.glob("*.json"):
         shutil.copy(path, tmp_path / path.name)
         trace = json.loads(path.read_text())
@@ -162,7 +164,10 @@ def test_summarize_reads_the_timeline_of_the_newest_run_of_each_rank(traced_job,
         name = path.name.replace(f"_pid{pid_part}_{stamp}", f"_pid{old_pid}_{int(stamp) - 10**7}")
         (tmp_path / name).write_text(json.dumps(trace))
     code, out, _ = _cli(capsys, "timeline", str(tmp_path), "--json")
-    assert code == 0 and len(json.loads(out)["processes"]) == 4
+    doc = json.loads(out)
+    newest = {json.loads(p.read_text())["torchstep_prof"]["pid"] for p in traced_job.glob("*.json")}
+    assert code == 0 and {p["pid"] for p in doc["processes"]} == newest
+    assert doc["note"] == f"2 processes of 1 older run in {tmp_path} ignored; give each run its own folder"
     code, out, _ = _cli(capsys, "summarize", str(tmp_path), "--json")
     timeline = json.loads(out)["timeline"]
     assert sorted(p["pid"] for p in timeline["processes"]) == sorted(

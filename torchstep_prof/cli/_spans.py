@@ -42,7 +42,10 @@ def load_ledger(args: argparse.Namespace) -> Union[tuple[str, "Ledger"], None, i
     folder = find_span_folder(args.directory, explicit)
     if folder is None:
         return None
-    ledger = build_ledger(with_table_labels(read_span_folder(folder)))  # the page's names for regions
+    spans = read_span_folder(folder)
+    if spans.note is not None:
+        print(safe_text(f"note: {spans.note}"), file=sys.stderr)
+    ledger = build_ledger(with_table_labels(spans))  # the page's names for regions
     if not ledger.processes:
         print(f"note: no usable span file in {safe_text(folder)}: clocks not aligned", file=sys.stderr)
     return folder, ledger

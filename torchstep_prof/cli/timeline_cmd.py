@@ -36,29 +36,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..rendering import safe_text
     from ..timeline.ledger import build_ledger
+    from ..timeline.output import ledger_lines, ledger_to_dict, step_ranges
     from ..timeline.sources import read_timeline_folder
-    from ..timeline.output import ledger_lines, ledger_to_dict
 
     folder = args.directory
     if not os.path.isdir(folder):
         parser.error(f"{safe_text(folder)}: not a folder")
     spans = read_timeline_folder(folder)
     ledger = build_ledger(spans)
+    if not ledger.processes:  # nothing to show: the reason alone, on stderr
+        _tracedir.error(f"timeline: no span file, and no trace carrying spans, in {folder}")
+        return _tracedir.EXIT_NO_TRACE
+    if args.step:
+        known = {s.number for s in ledger.steps}
+        missing = [n for n in args.step if n not in known]
+        if missing:
+            numbers = ", ".join(str(n) for n in missing)
+            if spans.source == "traces":
+                why = f"not traced (traced: {step_ranges(sorted(known)) or 'none'})"
+            else:
+                why = f"not in the spans (steps: {step_ranges(sorted(known)) or 'none'})"
+            _tracedir.error(f"timeline: --step {numbers}: {why}")
+            return _tracedir.EXIT_NO_TRACE
     if args.json:
         doc = {"source": spans.source, "note": spans.note, **ledger_to_dict(ledger, folder)}
-        json.dump(doc, sys.stdout, indent=1, allow_nan=False)
-        sys.stdout.write("\n")
+        if args.step:
+            doc["steps"] = [s for s in doc["steps"] if s["number"] in args.step]
+        text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
     else:
+        lines = []
         if spans.note is not None:
-            print(safe_text(f"note: {spans.note}"))
-        elif spans.source == "traces" and ledger.processes:
-            print(safe_text(f"read from the spans the traces in {folder} carry: the traced steps only"))
-        for line in ledger_lines(ledger, folder, args.step):
-            print(line)
-    if not ledger.processes:
-        print(
-            safe_text(f"{_tracedir.PROG} timeline: no span file, and no trace carrying spans, in {folder}"),
-            file=sys.stderr,
-        )
-        return _tracedir.EXIT_NO_TRACE
+            lines.append(safe_text(f"note: {spans.note}"))
+        elif spans.source == "traces":
+            lines.append(safe_text(f"read from the spans the traces in {folder} carry: the traced steps only"))
+        lines += ledger_lines(ledger, folder, args.step)
+        text = "".join(line + "\n" for line in lines)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise  # the reader left: cli.main ends quietly, as cat does
+    except OSError as exc:  # a full disk, a closed stdout: say so, never a traceback
+        _tracedir.error(f"timeline: cannot write the output ({exc.strerror or exc})")
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the unwritten rest is not tried again at exit
+        return _tracedir.EXIT_FAILED
     return _tracedir.EXIT_OK

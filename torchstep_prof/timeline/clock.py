@@ -13,7 +13,10 @@ the interval its offset from the reference must lie in. The estimate is the inte
 the bound its half-width: the true offset is within the bound, not merely likely to be.
 
 A process no anchor or host links to the reference gets offset 0 and an infinite bound: its
-order against the others is never stated (the ledger says "within clock error").
+order against the others is never stated (the ledger says "within clock error"). Anchors that
+contradict each other (a clock stepped, or one name reused by two barriers) leave the processes
+they involve aligned by their host alone: those on the reference's host stay within
+``SAME_HOST_S`` of it, the others are not aligned.
 
 >>> from torchstep_prof.timeline.reading import Anchor
 >>> clocks = estimate_offsets(
@@ -27,13 +30,13 @@ order against the others is never stated (the ledger says "within clock error").
 from __future__ import annotations
 
 import math
-from typing import Hashable, Mapping, Optional, Sequence
+from typing import Hashable, Mapping, NamedTuple, Optional, Sequence
 
 import attrs
 
 from .reading import Anchor, RayCall
 
-__all__ = ["SAME_HOST_S", "ClockEstimate", "estimate_offsets"]
+__all__ = ["SAME_HOST_S", "ClockEstimate", "Contradiction", "estimate_offsets"]
 
 SAME_HOST_S = 0.001
 """How far two processes of one host may disagree: each turns its monotonic clock into wall
@@ -44,19 +47,36 @@ MAX_ANCHORS_PER_NAME = 512
 """Anchors of one name used at most (spread over the run): the bound gains little past a few dozen."""
 
 
+class Contradiction(NamedTuple):
+    """Anchor ``name`` #``seq`` puts ``b``'s offset from ``a`` outside what the anchor ``against``
+    (name, seq) and those before it allow, by ``seconds``; ``against`` is None (and ``name``
+    empty) when no pair of processes shows it directly (it runs through a third process), or
+    when it contradicts the two's host (``same_host``)."""
+
+    name: str
+    seq: int
+    against: Optional[tuple[str, int]]
+    a: Hashable
+    b: Hashable
+    seconds: float
+    same_host: bool = False  # against their host: one clock, within SAME_HOST_S
+
+
 @attrs.frozen(kw_only=True)
 class ClockEstimate:
     """Each process's offset from ``reference`` (its clock minus the reference's) and its bound.
 
-    ``inconsistent`` names the processes whose anchors contradict each other (a clock stepped
+    ``inconsistent`` holds the processes whose anchors contradict each other (a clock stepped
     or drifting, or anchors of one name that are not one barrier): no offset fits them all, so
-    theirs is unknown (offset 0, bound infinite), as for a process no anchor links.
+    theirs comes from their host alone (unknown off the reference's host, as for a process no
+    anchor links); ``contradictions`` names the anchors.
     """
 
     reference: Hashable
     offsets: Mapping[Hashable, float]
     bounds: Mapping[Hashable, float]
-    inconsistent: tuple[str, ...] = ()
+    inconsistent: tuple[Hashable, ...] = ()
+    contradictions: tuple[Contradiction, ...] = ()
 
     def offset(self, process: Hashable) -> float:
         return self.offsets.get(process, 0.0)
@@ -98,7 +118,9 @@ def estimate_offsets(
             continue
         for anchor in found:
             seen.setdefault((anchor.name, anchor.seq), []).append((index[p], anchor))
-    for key in _spread(seen):
+    host_only = [row[:] for row in c]
+    chosen = _spread(seen)
+    for key in chosen:
         group = seen[key]
         if len(group) < 2:
             continue
@@ -109,21 +131,73 @@ def estimate_offsets(
     if ray:
         _add_ray_calls(c, index, ray)
     d = _shortest_paths(c)
-    inconsistent = tuple(
-        f"{names[i]}: anchors contradict each other by {-d[i][i]:.6f} s" for i in range(n) if d[i][i] < 0
-    )
     broken = {i for i in range(n) if d[i][i] < 0}
-    reference = _reference(d, n, broken)
+    contradictions: tuple[Contradiction, ...] = ()
+    if broken:
+        # What the anchors say cannot all be true: the processes they involve keep only what
+        # their hosts say (one host, one clock), never an offset no anchor set supports.
+        same = {(i, j) for members in by_host.values() for i in members for j in members if i != j}
+        contradictions = _contradictions(seen, chosen, broken, names, same)
+        reference = _reference(d, n, broken)
+        d = _shortest_paths(
+            [[host_only[i][j] if i in broken or j in broken else c[i][j] for j in range(n)] for i in range(n)]
+        )
+        if any(d[i][i] < 0 for i in range(n)):  # the hosts contradict the rest: hosts alone
+            d = _shortest_paths(host_only)
+    else:
+        reference = _reference(d, n, broken)
     offsets: dict[Hashable, float] = {}
     bounds: dict[Hashable, float] = {}
     for p, i in index.items():
         hi, lo = d[reference][i], -d[i][reference]
-        if math.isinf(hi) or math.isinf(lo) or i in broken:  # unknown, or no offset fits every anchor
+        if math.isinf(hi) or math.isinf(lo):  # unknown
             offsets[p], bounds[p] = 0.0, inf
             continue
         offsets[p] = (hi + lo) / 2
         bounds[p] = abs(hi - lo) / 2
-    return ClockEstimate(reference=names[reference], offsets=offsets, bounds=bounds, inconsistent=inconsistent)
+    return ClockEstimate(
+        reference=names[reference],
+        offsets=offsets,
+        bounds=bounds,
+        inconsistent=tuple(names[i] for i in sorted(broken)),
+        contradictions=contradictions,
+    )
+
+
+def _contradictions(
+    seen: Mapping[tuple[str, int], list[tuple[int, Anchor]]],
+    chosen: Sequence[tuple[str, int]],
+    broken: set[int],
+    names: Sequence[Hashable],
+    same_host: set[tuple[int, int]],
+) -> tuple[Contradiction, ...]:
+    """For each pair of processes, the first anchor whose bounds on their offset leave no
+    room next to the earlier anchors' (of any name): the pair's clock stepped there, or the
+    two are not one barrier. One per pair; a contradiction only through a third process is
+    named without ``against``."""
+    window: dict[tuple[int, int], tuple[float, float, Optional[tuple[str, int]]]] = {}  # lo, hi, latest anchor
+    found: dict[tuple[int, int], Contradiction] = {}
+    for key in sorted(chosen, key=lambda k: min(a.start for _, a in seen[k])):
+        group = seen[key]
+        for i, ei in group:
+            for j, ej in group:
+                if i >= j or (i, j) in found or not {i, j} & broken:
+                    continue
+                # offset_j - offset_i lies in [ej.start - ei.end, ej.end - ei.start] (plus the conversion)
+                lo, hi = ej.start - ei.end - CONVERSION_S, ej.end - ei.start + CONVERSION_S
+                known = window.get((i, j))
+                if known is None and (i, j) in same_host:
+                    known = (-SAME_HOST_S, SAME_HOST_S, None)
+                if known is not None and (lo > known[1] or hi < known[0]):
+                    by = lo - known[1] if lo > known[1] else known[0] - hi
+                    against = known[2]
+                    found[(i, j)] = Contradiction(key[0], key[1], against, names[i], names[j], by, against is None)
+                    continue
+                window[(i, j)] = (lo, hi, key) if known is None else (max(lo, known[0]), min(hi, known[1]), key)
+    if not found:  # only through a third process (or a Ray call): name the processes, not an anchor
+        members = sorted(broken)
+        return (Contradiction("", 0, None, names[members[0]], names[members[-1]], math.nan),)
+    return tuple(found.values())
 
 
 def _add_ray_calls(

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import attrs
 
-from .clock import ClockEstimate, estimate_offsets
+from .clock import ClockEstimate, Contradiction, estimate_offsets
 from .reading import ProcessSpans, SpanFolder
 
 __all__ = [
@@ -43,6 +43,7 @@ MIN_GAP_S = 0.001
 """Idle gaps shorter than this are counted in the idle time but not listed one by one."""
 MAX_GAPS_LISTED = 8
 MAX_PATH = 16
+_MAX_CONTRADICTIONS = 3
 
 
 @attrs.frozen(kw_only=True)
@@ -56,7 +57,8 @@ class ProcessInfo:
     pid: int
     offset_s: float  # its clock minus the reference's
     bound_s: float  # the offset is right within this (inf: no anchor links it)
-    ended: bool
+    ended: bool  # its span file ends with the line of a normal exit
+    last_step: Optional[int] = None  # the last step block it finished (logged)
 
 
 @attrs.frozen(kw_only=True)
@@ -82,7 +84,7 @@ class ProcessStep:
     idle_error_s: float  # the idle time is right within this (its gaps at the window's edges)
     within_clock_error: bool  # idle_s <= idle_error_s: no idle time stated
     gaps: tuple[Gap, ...]  # the longest, at most MAX_GAPS_LISTED, in time order
-    incomplete: bool  # the process stopped in this step (killed: its file has no end)
+    incomplete: bool  # the process's span log ends in this step (it has no end line)
     bars: tuple[
         tuple[str, float, float], ...
     ] = ()  # its outermost regions: (role/stage, start_s, end_s) from the step's start
@@ -99,7 +101,8 @@ class PathEntry:
 
 @attrs.frozen(kw_only=True)
 class LongTail:
-    """The process that ended a phase (a region run by several processes) last."""
+    """The process that ended a phase (a region run by several processes) last, and whose own
+    time in it was longer than the median of the others' (one that merely started late is none)."""
 
     region: str
     process: str
@@ -118,6 +121,7 @@ class RoleIdle:
     share: float  # of the step's window
     waited_for: Optional[str]  # the region its gaps waited for longest
     within_clock_error: bool
+    waited_for_s: float = 0.0  # the part of idle_s (mean over the role's processes) that waited for it
 
 
 @attrs.frozen(kw_only=True)
@@ -136,8 +140,10 @@ class Ledger:
     processes: tuple[ProcessInfo, ...]
     reference: Optional[str]
     steps: tuple[StepLedger, ...]
-    problems: tuple[str, ...]
+    problems: tuple[str, ...]  # files and lines skipped
     outside_steps: int  # regions in no step's window
+    clock_notes: tuple[str, ...] = ()  # anchors that contradict each other, processes not aligned
+    warnings: tuple[str, ...] = ()  # said before the verdicts: what the files say was lost
 
 
 class _Item:
@@ -159,14 +165,17 @@ def build_ledger(folder: SpanFolder) -> Ledger:
         {i: p.anchors for i, p in enumerate(procs)},
         {i: p.ray for i, p in enumerate(procs)},
     )
-    problems += clock.inconsistent
     infos = _infos(procs, clock)
     reference = infos[clock.reference].name if isinstance(clock.reference, int) else None
-    unaligned = [infos[i].name for i in range(len(procs)) if math.isinf(clock.bound(i))]
+    clock_notes = [_contradiction_text(x, infos) for x in clock.contradictions[:_MAX_CONTRADICTIONS]]
+    if len(clock.contradictions) > _MAX_CONTRADICTIONS:
+        clock_notes.append(f"... and {len(clock.contradictions) - _MAX_CONTRADICTIONS} more pairs of processes")
+    unaligned = [infos[i].name for i in range(len(procs)) if i != clock.reference and math.isinf(clock.bound(i))]
     if unaligned:
-        problems.append(
+        clock_notes.append(
             f"no clock anchor links {', '.join(unaligned)} to {reference} "
-            "(another host, no tsp.clock_anchor, no anchored Ray call): their order against the others is not stated"
+            "(another host, no tsp.clock_anchor, no anchored Ray call, or anchors that contradict each other): "
+            "their order against the others is not stated"
         )
     by_step, outside, blocks = _assign(procs, clock)
     finished = [{b.number for b in p.steps} for p in procs]
@@ -185,6 +194,43 @@ def build_ledger(folder: SpanFolder) -> Ledger:
         steps=tuple(steps),
         problems=tuple(problems),
         outside_steps=outside,
+        clock_notes=tuple(clock_notes),
+        warnings=tuple(_warnings(procs, infos)),
+    )
+
+
+def _warnings(procs: Sequence[ProcessSpans], infos: list[ProcessInfo]) -> list[str]:
+    """Processes whose anchored Ray calls ran but that logged no region: an ``async def``
+    actor method runs in another thread and context than ``__init__``, so spans entered
+    there are off in it (docs/timeline.md)."""
+    said = []
+    for i, p in enumerate(procs):
+        ran = sum(1 for r in p.ray if r.what == "ran")
+        if ran and not p.spans:
+            who = infos[i].name if "pid" in infos[i].name else f"{infos[i].name} (pid {p.pid})"
+            said.append(
+                f"{who} ran {ran} anchored Ray call{'s' if ran != 1 else ''} but logged no region: "
+                "an async actor method runs in another thread and context, so enter tsp.spans in the method "
+                "(docs/timeline.md)"
+            )
+    return said
+
+
+def _contradiction_text(x: Contradiction, infos: list[ProcessInfo]) -> str:
+    a, b = (infos[p].name if isinstance(p, int) else str(p) for p in (x.a, x.b))
+    if x.same_host:
+        return (
+            f"clock anchor {x.name!r} #{x.seq} puts {a} and {b}, of one host (one clock), "
+            f"{format_seconds(x.seconds)} further apart than their host allows: one name was used by two barriers "
+            "(two runs in one folder?); those processes are aligned by host only"
+        )
+    if x.against is None:
+        return f"clock anchors contradict each other (through other processes) for {a} and {b}: aligned by host only"
+    against = f"#{x.against[1]}" if x.against[0] == x.name else f"{x.against[0]!r} #{x.against[1]}"
+    return (
+        f"clock anchor {x.name!r} #{x.seq} contradicts {against} (and the anchors before it) for {a} and {b} "
+        f"by {format_seconds(x.seconds)}: a clock stepped, or one name was used by two barriers; "
+        "those processes are aligned by host only"
     )
 
 
@@ -222,6 +268,7 @@ def _infos(procs: Sequence[ProcessSpans], clock: ClockEstimate) -> list[ProcessI
             offset_s=clock.offset(i),
             bound_s=clock.bound(i),
             ended=p.ended,
+            last_step=max((b.number for b in p.steps), default=None),
         )
         for i, p in enumerate(procs)
     ]
@@ -478,13 +525,15 @@ def _long_tails(items: list[_Item], infos: list[ProcessInfo], clock: ClockEstima
         others = [per[p] for p in per if p != slowest]
         past = per[slowest] - statistics.median(others)
         error = clock.bound(slowest) + max(clock.bound(p) for p in per if p != slowest)
+        longer = spent[label][slowest] - statistics.median(v for p, v in spent[label].items() if p != slowest)
+        if longer <= 0:  # it ended last only because it started late: not this phase's tail
+            continue
         tails.append(
             LongTail(
                 region=label,
                 process=infos[slowest].name,
                 past_median_s=past,
-                longer_by_s=spent[label][slowest]
-                - statistics.median(v for p, v in spent[label].items() if p != slowest),
+                longer_by_s=longer,
                 others=len(others),
                 within_clock_error=past <= error,
             )
@@ -525,6 +574,7 @@ def _role_idle(
                 share=idle / window if window > 0 else 0.0,
                 waited_for=max(causes, key=lambda k: causes[k]) if causes else None,
                 within_clock_error=all(r.within_clock_error for r in members),
+                waited_for_s=max(causes.values(), default=0.0) / len(members),
             )
         )
     return tuple(sorted(result, key=lambda r: -r.share))
@@ -554,17 +604,26 @@ def _verdict(step: StepLedger) -> str:
     idle = max(waiting, key=lambda r: r.waiting_s, default=None)
     if idle is not None:
         who = f"{idle.role} ranks" if idle.processes > 1 else idle.role
-        why = f"waiting for {idle.waited_for}" if idle.waited_for else "unexplained"
-        parts.append(f"{who} idle {format_seconds(idle.idle_s)} ({idle.share:.0%}) {why}")
+        said = f"{who} idle {format_seconds(idle.idle_s)} ({idle.share:.0%})"
+        if idle.waited_for is None or idle.waited_for_s < MIN_GAP_S:
+            parts.append(f"{said} unexplained")
+        elif idle.waited_for_s >= idle.idle_s / 2:  # the region accounts for most of it
+            parts.append(f"{said} waiting for {idle.waited_for}")
+        else:  # only part of it: say how much, never pin the whole idle time on one region
+            parts.append(f"{said}, {format_seconds(idle.waited_for_s)} of it waiting for {idle.waited_for}")
     elif step.role_idle:
         parts.append("no process idle for longer than 1 ms and its clock error")
     # The tail of the phase that was itself slow there, not one that merely started late after it.
-    tails = [t for t in step.long_tails if not t.within_clock_error and t.past_median_s >= MIN_GAP_S]
+    tails = [
+        t
+        for t in step.long_tails
+        if not t.within_clock_error and t.past_median_s >= MIN_GAP_S and t.longer_by_s >= MIN_GAP_S
+    ]
     tail = max(tails, key=lambda t: (t.longer_by_s, t.past_median_s), default=None)
     if tail is not None:
         median = "the other" if tail.others == 1 else "the median of the others"
         parts.append(f"{tail.process} finished {tail.region} {format_seconds(tail.past_median_s)} after {median}")
     stopped = [p.process for p in step.processes if p.incomplete]
-    if stopped:
-        parts.append(f"incomplete: {', '.join(stopped)} stopped")
+    if stopped:  # its log ends here: killed, or torn down (and its last half second lost) after another was
+        parts.append(f"incomplete: {', '.join(s + chr(39) + 's' for s in stopped)} span log ends in this step")
     return "; ".join(parts)

@@ -12,9 +12,9 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import attrs
 
 from ..rendering import safe_text
-from .ledger import Ledger, StepLedger, format_seconds
+from .ledger import Ledger, RoleIdle, StepLedger, format_seconds
 
-__all__ = ["MAX_VERDICTS", "ledger_lines", "ledger_to_dict"]
+__all__ = ["MAX_VERDICTS", "ledger_lines", "ledger_to_dict", "step_ranges"]
 
 MAX_VERDICTS = 30
 """Verdict lines printed at most (the slowest steps, in step order); ``--json`` has them all."""
@@ -44,6 +44,17 @@ def ledger_lines(ledger: Ledger, folder: str, detail: Optional[Sequence[int]] = 
         f"timeline of {folder}: {len(ledger.processes)} processes on {len(hosts)} host{'s' if len(hosts) != 1 else ''}, "
         f"{len(ledger.steps)} steps"
     )
+    for warning in ledger.warnings:
+        yield safe_text(f"warning: {warning}")
+    unended = [p for p in ledger.processes if not p.ended]
+    if unended:
+        listed = ", ".join(
+            f"{p.name} (last step finished: {'none' if p.last_step is None else p.last_step})" for p in unended
+        )
+        yield safe_text(
+            f"no exit line (killed, or still running): {listed}; a process torn down (torchrun's SIGTERM "
+            "after another rank failed, ray.shutdown()) loses what it logged in its last half second"
+        )
     steps = ledger.steps
     if not steps:
         yield "no step has spans: mark steps with tsp.step(n) (or begin_step) in the processes that log spans"
@@ -57,11 +68,8 @@ def ledger_lines(ledger: Ledger, folder: str, detail: Optional[Sequence[int]] = 
     by_number = {s.number: s for s in steps}
     if detail is None:
         chosen = [max(steps, key=lambda s: s.seconds)] if steps else []
-    else:
+    else:  # the command checked that each is there
         chosen = [by_number[n] for n in detail if n in by_number]
-        missing = [n for n in detail if n not in by_number]
-        if missing:
-            yield f"no spans for step {', '.join(str(n) for n in missing)}"
     for step in chosen:
         yield ""
         yield from _detail(step)
@@ -69,10 +77,29 @@ def ledger_lines(ledger: Ledger, folder: str, detail: Optional[Sequence[int]] = 
     yield from _clocks(ledger)
     if ledger.outside_steps:
         yield f"{ledger.outside_steps} regions ran outside every step's window (not counted)"
+    if ledger.problems:
+        yield "problems reading the files:"
     for problem in ledger.problems[:20]:
-        yield safe_text(f"skipped: {problem}")
+        yield safe_text(f"  {problem}")
     if len(ledger.problems) > 20:
         yield f"... and {len(ledger.problems) - 20} more problems (--json lists them all)"
+
+
+def step_ranges(numbers: Sequence[int]) -> str:
+    """Sorted step numbers, runs of consecutive ones as ranges.
+
+    >>> step_ranges([0, 1, 2, 3, 7]), step_ranges([3, 5])
+    ('0-3, 7', '3, 5')
+    """
+    parts: list[str] = []
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    return ", ".join(parts)
 
 
 def _detail(step: StepLedger) -> Iterator[str]:
@@ -85,7 +112,7 @@ def _detail(step: StepLedger) -> Iterator[str]:
             else f"{format_seconds(p.idle_s)} ({_share(p.idle_s, step.seconds)})"
         )
         regions = ", ".join(f"{r} {format_seconds(s)}" for r, s in p.busy_by_region[:4])
-        flag = "  INCOMPLETE (stopped in this step)" if p.incomplete else ""
+        flag = "  INCOMPLETE (its span log ends in this step)" if p.incomplete else ""
         yield safe_text(f"  {p.process:<{width}}  busy {format_seconds(p.busy_s):>9}  idle {idle:<18}  {regions}{flag}")
         if p.within_clock_error:
             continue
@@ -96,7 +123,7 @@ def _detail(step: StepLedger) -> Iterator[str]:
             if gap.at_step_end:
                 why = "until the step's end"
             elif gap.waited_for:
-                why = f"waited for {gap.waited_for} on {gap.waited_process}"
+                why = f"until {gap.waited_for} on {gap.waited_process} ended"
             else:
                 why = "unexplained"
             yield safe_text(f"  {'':<{width}}    idle at {at}: {why}")
@@ -113,11 +140,17 @@ def _detail(step: StepLedger) -> Iterator[str]:
             )
     shares = ", ".join(
         f"{r.role} {'within clock error' if r.within_clock_error else _share(r.idle_s, step.seconds)}"
-        + (f" (waiting for {r.waited_for})" if r.waited_for and not r.within_clock_error else "")
+        + (_waited(r) if r.waited_for and not r.within_clock_error else "")
         for r in step.role_idle
     )
     if shares:
         yield safe_text(f"  idle share by role: {shares}")
+
+
+def _waited(r: RoleIdle) -> str:
+    if r.waited_for_s >= r.idle_s / 2:  # most of it: as the verdict says it
+        return f" (waiting for {r.waited_for})"
+    return f" ({format_seconds(r.waited_for_s)} of it waiting for {r.waited_for})"
 
 
 def _share(part: float, whole: float) -> str:
@@ -127,9 +160,16 @@ def _share(part: float, whole: float) -> str:
 def _clocks(ledger: Ledger) -> Iterable[str]:
     if not ledger.processes:
         return
-    finite = [p.bound_s for p in ledger.processes if math.isfinite(p.bound_s)]
-    worst = max(finite, default=0.0)
-    yield safe_text(f"clocks: on {ledger.reference}'s; every aligned offset is right within {format_seconds(worst)}")
+    aligned = [p.bound_s for p in ledger.processes if p.name != ledger.reference and math.isfinite(p.bound_s)]
+    if aligned:
+        within = f"every aligned offset is right within {format_seconds(max(aligned))}"
+    elif len(ledger.processes) > 1:
+        within = "no other process is aligned to it"
+    else:
+        within = "one process"
+    yield safe_text(f"clocks: on {ledger.reference}'s; {within}")
+    for note in ledger.clock_notes:
+        yield safe_text(f"  {note}")
     for p in ledger.processes:
         if abs(p.offset_s) > p.bound_s or not math.isfinite(p.bound_s):
             bound = "unknown (not aligned)" if not math.isfinite(p.bound_s) else f"± {format_seconds(p.bound_s)}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 import attrs
 
@@ -31,6 +31,7 @@ __all__ = [
     "Span",
     "SpanFolder",
     "StepBlock",
+    "newest_run",
     "parse_items",
     "read_span_folder",
 ]
@@ -101,6 +102,15 @@ class ProcessSpans:
     ray: tuple[RayCall, ...] = ()  # files written before Ray calls were logged have none
     ended: bool  # the file's last line says the process exited normally
     skipped_lines: int
+    started: Optional[float] = None  # when its span log started (the process line), if it says
+
+    def lifetime(self) -> tuple[float, float]:
+        """From its first to its last time logged (its clock); ``(inf, -inf)`` when it logged none."""
+        starts = [x.start for group in (self.spans, self.steps, self.anchors, self.ray) for x in group]
+        ends = [x.end for group in (self.spans, self.steps, self.anchors, self.ray) for x in group]
+        if self.started is not None:
+            starts.append(self.started)
+        return min(starts, default=math.inf), max(ends + starts, default=-math.inf)
 
 
 @attrs.frozen(kw_only=True)
@@ -139,7 +149,38 @@ def read_span_folder(folder: str) -> SpanFolder:
         process = _parse(path, data, problems)
         if process is not None:
             processes.append(process)
-    return SpanFolder(processes=tuple(processes), problems=tuple(problems))
+    kept, note = newest_run(processes, folder)
+    return SpanFolder(processes=kept, problems=tuple(problems), note=note)
+
+
+def newest_run(processes: Sequence[ProcessSpans], folder: str) -> tuple[tuple[ProcessSpans, ...], Optional[str]]:
+    """The processes of the newest run in ``folder``, and a note naming what was left out.
+
+    A run is the processes whose lifetimes (first to last time logged) overlap, transitively:
+    torchrun's ranks start together, and a Ray actor started late still overlaps its driver. A
+    process that starts after every earlier one's last time starts a new run; a second job
+    written into the same folder would otherwise stretch each step's window over both.
+
+    >>> newest_run([], "DIR")
+    ((), None)
+    """
+    timed = sorted(((p.lifetime(), i) for i, p in enumerate(processes)), key=lambda t: t[0][0])
+    runs: list[list[int]] = []
+    reach = -math.inf
+    for (first, last), i in timed:
+        if not runs or (math.isfinite(first) and first > reach):
+            runs.append([])
+        runs[-1].append(i)
+        reach = max(reach, last)
+    if len(runs) <= 1:
+        return tuple(processes), None
+    newest = set(runs[-1])
+    older = len(processes) - len(newest)
+    note = (
+        f"{older} process{'es' if older != 1 else ''} of {len(runs) - 1} older run{'s' if len(runs) > 2 else ''} "
+        f"in {folder} ignored; give each run its own folder"
+    )
+    return tuple(p for i, p in enumerate(processes) if i in newest), note
 
 
 def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans]:
@@ -156,7 +197,7 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
     bad: list[str] = []
     for number, raw in enumerate(lines, 1):
         if cut_short and number == len(lines):
-            bad.append(f"line {number} cut short (the process was killed while writing it)")
+            bad.append(f"line {number} has no line end (still being written, or its process stopped while writing it)")
             continue
         try:
             record = json.loads(raw)
@@ -202,6 +243,7 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
             ray=tuple(r for r in ray if r.end >= r.start),
             ended=ended,
             skipped_lines=len(bad),
+            started=_time(header["start"]) if header.get("start") is not None else None,
         )
     except (ValueError, TypeError) as exc:
         problems.append(f"{path}: a bad process line ({exc}; skipped)")

@@ -26,7 +26,7 @@ from typing import Any, Optional
 import attrs
 
 from ..naming import METADATA_KEY, TRACE_SUFFIXES
-from .reading import MAX_FILES, ProcessSpans, SpanFolder, _int, _text, parse_items, read_span_folder
+from .reading import MAX_FILES, ProcessSpans, SpanFolder, _int, _text, newest_run, parse_items, read_span_folder
 
 __all__ = ["MAX_HEAD_BYTES", "read_timeline_folder", "read_trace_folder", "trace_files"]
 
@@ -56,7 +56,7 @@ def read_timeline_folder(folder: str) -> SpanFolder:
                 f"{folder} holds span files and {traces} trace{'s' if traces != 1 else ''}: "
                 "the span files are read (they cover every step, the traces only the traced ones)"
             )
-            return attrs.evolve(spans, note=note)
+            return attrs.evolve(spans, note=note if spans.note is None else f"{spans.note}; {note}")
         return spans
     from_traces = read_trace_folder(folder)
     return attrs.evolve(from_traces, source="traces", problems=spans.problems + from_traces.problems)
@@ -101,7 +101,8 @@ def read_trace_folder(folder: str) -> SpanFolder:
             f"{folder}: {without} trace{'s' if without != 1 else ''} without spans "
             "(written before traces carried them, or not by torchstep_prof)"
         )
-    return SpanFolder(processes=tuple(_process(m) for m in merged.values()), problems=tuple(problems))
+    kept, note = newest_run([_process(m) for m in merged.values()], folder)
+    return SpanFolder(processes=kept, problems=tuple(problems), note=note)
 
 
 def _timeline_of(path: str) -> Optional[dict[str, Any]]:
