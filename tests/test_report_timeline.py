@@ -239,3 +239,21 @@ def test_merge_moves_each_process_onto_one_clock_by_its_estimated_offset(shifted
     for rank1 in tracks:
         rank0 = (0, rank1[1].replace("rank 1", "rank 0"))
         assert (kept[rank1] - kept[rank0]) == pytest.approx(before[rank1] - before[rank0], abs=1e-5)
+
+
+def test_a_process_no_anchor_links_is_named_under_clocks_on_the_page(shifted, tmp_path):
+    """Rank 1 on another node with its anchors dropped: nothing links its clock to rank 0's, and
+    the page says so under "Clocks:" (its row is labelled not aligned), as `timeline` does."""
+    folder = tmp_path / "out"
+    shutil.copytree(shifted, folder)
+    rank1 = next(p for p in (folder / "spans").iterdir() if json.loads(p.read_text().splitlines()[0])["rank"] == 1)
+    lines = [json.loads(line) for line in rank1.read_text().splitlines()]
+    for record in lines:
+        record.pop("anchors", None)
+    rank1.write_text("".join(json.dumps(record) + "\n" for record in lines))
+    page = tmp_path / "report.html"
+    done = cli("report", str(folder), "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    notes = re.search(r'<ul class="clock-notes">(.*?)</ul>', page.read_text(), re.S)
+    assert notes is not None, "no clock notes on the page"
+    assert "rank 1" in notes.group(1) and "anchor" in notes.group(1)

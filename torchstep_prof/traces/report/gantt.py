@@ -76,6 +76,10 @@ def gantt_section(report: Report, chart: Chart, layout: Callable[..., dict]) -> 
             path = " → ".join(f"{e.region} ({e.process}, {format_seconds(e.seconds)})" for e in step.critical_path)
             out.append(f'<p class="meta path">critical path: {_e(path)}</p>')
         out.append("</div>")
+    if ledger.clock_notes:  # contradicting anchors, processes no anchor links: why a row is not aligned
+        out.append('<p class="meta">Clocks:</p><ul class="clock-notes">')
+        out.extend(f"<li>{_e(note)}</li>" for note in ledger.clock_notes[:_MAX_PROBLEMS])
+        out.append("</ul>")
     if ledger.problems:
         out.append(
             f'<details class="skipped"><summary>{len(ledger.problems)} problem(s) with the span files</summary><ul>'
