@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 if TYPE_CHECKING:
     from ..recording.spans import SpanLog
 
-__all__ = ["TraceTailError", "finish_tail", "set_trace_name"]
+__all__ = ["TraceTailError", "finish_tail", "read_head", "set_trace_name"]
 
 
 _HEAD_BYTES = 1 << 16
@@ -80,10 +80,9 @@ def _closing(final_path: str) -> bytes:
     return b"]," + _TRACE_NAME + b": " + json.dumps(final_path).encode("ascii") + b"}\n"
 
 
-def _checked_head(f: Any) -> Optional[int]:
-    """The trace's base time when its top-level keys before ``traceEvents`` are valid JSON
-    (torch writes metadata unescaped); None when the head does not look as torch writes it."""
-    f.seek(0)
+def read_head(f: Any) -> tuple[bytes, int]:
+    """The start of the trace file ``f`` (read from its position) up to past its ``"traceEvents"``
+    key, and that key's offset in it (-1: not within the first 4 MiB, or not there)."""
     head = f.read(_HEAD_BYTES)
     events_key = head.find(_TRACE_EVENTS)
     while events_key < 0 and len(head) < _MAX_HEAD_BYTES:
@@ -92,6 +91,14 @@ def _checked_head(f: Any) -> Optional[int]:
             break
         head += more
         events_key = head.find(_TRACE_EVENTS)
+    return head, events_key
+
+
+def _checked_head(f: Any) -> Optional[int]:
+    """The trace's base time when its top-level keys before ``traceEvents`` are valid JSON
+    (torch writes metadata unescaped); None when the head does not look as torch writes it."""
+    f.seek(0)
+    head, events_key = read_head(f)
     base = _BASE_TIME.search(head, 0, events_key if events_key >= 0 else len(head))
     if events_key < 0 or base is None:
         return None

@@ -33,16 +33,14 @@ from typing import Any, Collection, Optional
 
 from ..naming import METADATA_KEY
 from .range_marks import Range
+from .trace_tail import read_head
 
 __all__ = ["FORMAT", "TIMELINE_KEY", "embed_timeline", "process_identity", "trace_timeline"]
 
 TIMELINE_KEY = "timeline"
 """The key under the trace's ``torchstep_prof`` object holding its spans."""
 FORMAT = 1
-_HEAD_BYTES = 1 << 16
-_MAX_HEAD_BYTES = 1 << 22
 _METADATA = re.compile(rb'"' + METADATA_KEY.encode("ascii") + rb'"\s*:\s*')
-_TRACE_EVENTS = b'"traceEvents"'
 _BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
 
 
@@ -62,7 +60,8 @@ def trace_timeline(
     (anchors align clocks whatever step they are in: each goes in one trace); ``identity`` the
     process's host, pid, rank... None when the file has no base time (not as torch writes it)."""
     with open(path, "rb") as f:
-        base = _BASE_TIME.search(f.read(_HEAD_BYTES))
+        head, events_key = read_head(f)
+    base = _BASE_TIME.search(head, 0, events_key if events_key >= 0 else len(head))
     if base is None:
         return None
     base_s = int(base.group(1)) / 1e9
@@ -108,14 +107,7 @@ def embed_timeline(path: str, work_path: str, timeline: dict[str, Any]) -> bool:
     private folder) and moving it over ``path``. False, the file untouched, when its head does
     not look as torch writes it."""
     with open(path, "rb") as f:
-        head = f.read(_HEAD_BYTES)
-        events_key = head.find(_TRACE_EVENTS)
-        while events_key < 0 and len(head) < _MAX_HEAD_BYTES:
-            more = f.read(len(head))
-            if not more:
-                break
-            head += more
-            events_key = head.find(_TRACE_EVENTS)
+        head, events_key = read_head(f)
         if events_key < 0:
             return False
         found = _METADATA.search(head, 0, events_key)
