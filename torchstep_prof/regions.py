@@ -120,7 +120,7 @@ class _Region:
             active.__exit__(exc_type, exc, tb)
 
 
-def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Region:
+def profile_region(role: str, stage: str, step: Optional[int] = None) -> Region:
     """Mark a region of a training step as ``<role>/<stage>``; use it in a ``with``.
 
     On a selected step and rank the outermost region starts the profiler and writes its own
@@ -180,10 +180,14 @@ def profile_region(role: str, stage: str, *, step: Optional[int] = None) -> Regi
             if first <= step < end or frame.rank_no is _GROUPS._default_pg:
                 return _IDLE_REGION  # a no the rule cached: the schedule's for this run, or this rank's
             return _decided(frame, role, stage, step)
-        if frame.idle and not frame.live:
-            # Metrics or spans on, no schedule, no live status (screened, so timed): what
-            # _screened would make, without its call (an unresolved root frame is never idle).
+        if frame.timed_only:
+            # Metrics or spans on, no schedule, no live status: what _screened would make,
+            # without its call (an unresolved root frame is never timed_only).
             return _Timed((role, stage, _perf()))
+        if step is None and not frame.live:
+            current = CURRENT_STEP.get(None)
+            if current is not None and current.skip_frame is frame:
+                return _Timed((role, stage, _perf()))  # timed (screened, not live): the step block's cached no
     return _screened(frame, role, stage, step)
 
 

@@ -1,13 +1,20 @@
-"""Region and step wall times, kept in plain per-thread lists: what the metrics export reads.
+"""Region and step wall times, kept in plain per-thread lists: what the metrics and the span log read.
 
-With metrics on (``tsp.metrics``, the ``metrics`` config section), every region and step block
-is timed, profiled or not. Each thread appends its durations to its own list per (role, stage),
-and only it ever appends there: the training thread takes no lock per region, and pays one
-``list.append`` (a bucket search and three sums cost twice as much, so they are left to
-readers). Readers (the Prometheus collector at scrape time, the exit summary, and a folding
-thread once a second so the lists stay short when nobody scrapes) fold the lists into
-process-wide histograms: they take the first ``n`` items and delete exactly those, two atomic
-list operations, so a duration appended meanwhile is folded next time, never lost.
+With metrics on (``tsp.metrics``, the ``metrics`` config section) or spans on (``tsp.spans``, the
+span log of timeline/span_log.py), every region and step block is timed, profiled or not. Each
+thread appends ``role, stage, start, end`` to its own flat list at a region's exit, and only it
+ever appends there: the training thread takes no lock per region and pays one ``list.extend``
+(a bucket search and three sums cost twice as much, so they are left to readers; one flat list,
+four items a span, because a tuple kept per span is a container the garbage collector tracks).
+Step blocks append ``None, number, start, end``; clock anchors ``ANCHOR, "name\\0seq", start,
+end``; Ray calls and tasks ``RAY, "what\\0task id", start, end``.
+
+One reader drains the lists (:func:`drain`: the folding thread once a second, the span log's
+thread, a scrape, the exit summary): it takes the first ``n`` items of each and deletes exactly
+those, two atomic list operations, so a span appended meanwhile is drained next time, never
+lost. With metrics on it folds the durations into process-wide histograms; with spans on it
+keeps the batches for the span log (:func:`take_spans`). Metrics, spans, or both: a region costs
+the same, one append.
 
 Every asyncio task and decorated call times on its own region object, so interleaved tasks
 never mix their start times.
@@ -43,28 +50,31 @@ __all__ = [
 ]
 
 _perf = time.perf_counter
-_LOCAL = threading.local()  # .cells: role -> stage -> list of seconds, this thread's
-_STORES: list[tuple[threading.Thread, dict[Any, dict[Any, list[float]]]]] = []  # every thread's cells
-_STORES_LOCK = threading.Lock()  # taken once per thread (its first cell), and by readers
+_LOCAL = threading.local()  # .spans: this thread's flat list (role, stage, start, end, ...)
+_SPAN_LISTS: list[tuple[threading.Thread, list[Any]]] = []  # every thread's list
+_STORES_LOCK = threading.Lock()  # taken once per thread (its list's registration), and by readers
+_DRAIN_LOCK = threading.Lock()  # one drain at a time: the histograms and the batches stay in order
 _FOLDED: dict[tuple[Any, Any], list[Any]] = {}  # (role, stage) -> [sum_s, max_s, n_0, ..., n_k]
+_UNWRITTEN: list[tuple[threading.Thread, list[Any]]] = []  # drained batches the span log has not taken
 FOLD_EVERY_S = 1.0
 
-STEP_KEY = None  # the (role, stage) key of step blocks' cell: (None, None), never a label
+STEP_KEY = None  # the (role, stage) key of step blocks' series: (None, None), never a label
+ANCHOR = "\x00anchor"  # the first item of an anchor's span: never a label (labels are checked text)
+RAY = "\x00ray"  # the first item of a Ray call's or task's span (integrations/ray.py)
 
 MAX_PAIRS = 256
 """Distinct (role, stage) pairs a process times each in a series of its own (about 20 series each)."""
 OTHER_KEY = ("other", "other")
 """Where the times of every pair past :data:`MAX_PAIRS` go (one series, role and stage ``other``)."""
-_MAX_CACHED_OTHERS = 1024  # per thread: later pairs past the cap take the slow path each time
-# The series each cell's key folds into: an admitted pair's own (labels as text), or OTHER_KEY
-# for a pair past the cap (absent here). Written under _STORES_LOCK, at most MAX_PAIRS + 1 keys
-# plus the non-text spellings of admitted pairs.
+# The series each key folds into: an admitted pair's own (labels as text). Written by the
+# drain, at most MAX_PAIRS + 1 keys plus the non-text spellings of admitted pairs.
 _SERIES: dict[tuple[Any, Any], tuple[Any, Any]] = {(STEP_KEY, STEP_KEY): (STEP_KEY, STEP_KEY)}
 _ADMITTED: set[tuple[str, str]] = set()  # the pairs with a series of their own
+_capped: set[bool] = set()  # not empty once a pair went past the cap (warned once)
 
 BOUNDS: list[float] = []
 """The buckets' upper bounds in seconds, set once per process (:func:`set_bounds`)."""
-
+_SPANS_ON: list[bool] = []  # not empty while spans are on in this process
 
 _folding: list[threading.Thread] = []  # the folding thread, once started
 
@@ -76,7 +86,6 @@ def set_bounds(bounds: tuple[float, ...]) -> bool:
         if BOUNDS:
             return list(bounds) == BOUNDS
         BOUNDS[:] = [float(b) for b in bounds]
-        _choose_exit()  # spans on already: regions now also time the metrics
         if not _folding:
             _folding.append(threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True))
             _folding[0].start()
@@ -85,91 +94,25 @@ def set_bounds(bounds: tuple[float, ...]) -> bool:
 
 def forget() -> None:
     """Drop every time recorded and the buckets (tests that start metrics afresh in-process)."""
-    with _STORES_LOCK:
+    with _DRAIN_LOCK, _STORES_LOCK:
         BOUNDS.clear()
-        _choose_exit()
         _FOLDED.clear()
         _IDLE.clear()
         _ADMITTED.clear()
         _SERIES.clear()
         _SERIES[STEP_KEY, STEP_KEY] = (STEP_KEY, STEP_KEY)
         _capped.clear()
-        for _, cells in _STORES:
-            # Each thread makes its lists again on next use, so its pairs are admitted afresh.
-            cells.clear()
-
-
-def _cell(role: Any, stage: Any) -> list[float]:
-    """This thread's list of (role, stage), made on first use (once per thread and label; a
-    pair past the cap, or a label that is no dict key, finds the thread's ``other`` list)."""
-    try:
-        cells = _LOCAL.cells
-    except AttributeError:
-        cells = _LOCAL.cells = {}
-        _LOCAL.others_cached = 0
-        with _STORES_LOCK:
-            _STORES.append((threading.current_thread(), cells))
-    try:
-        return cells[role][stage]  # made already (the other list, asked for by a pair past the cap)
-    except KeyError:
-        pass
-    except TypeError:  # an unhashable label: timed under its text
-        return _cell(*_series_of(role, stage))
-    try:
-        series = _SERIES.get((role, stage)) or _series_of(role, stage)
-    except TypeError:
-        return _cell(*_series_of(role, stage))
-    if series == OTHER_KEY and (role, stage) != OTHER_KEY:
-        cell = _cell(*OTHER_KEY)
-        if _LOCAL.others_cached >= _MAX_CACHED_OTHERS:
-            return cell  # not kept under this pair: the thread's dict stays bounded
-        _LOCAL.others_cached += 1
-    else:
-        cell = []
-    return cells.setdefault(role, {}).setdefault(stage, cell)
-
-
-def _series_of(role: Any, stage: Any) -> tuple[Any, Any]:
-    """The series the pair is timed under, admitting it while there is room (first sight of a
-    pair in the process: its labels are checked here, as a schedule's regions check theirs)."""
-    from ..recording.labels import check_labels
-
-    text = check_labels(role, stage)
-    first_over = False
-    with _STORES_LOCK:
-        if text in _ADMITTED or len(_ADMITTED) < MAX_PAIRS:
-            _ADMITTED.add(text)
-            series: tuple[Any, Any] = text
-            try:
-                _SERIES[role, stage] = series
-            except TypeError:  # an unhashable label: its cells are kept under its text
-                pass
-        else:  # past the cap: not remembered, so this dict stays bounded (OTHER_KEY by default)
-            series = OTHER_KEY
-            first_over = not _capped and text != OTHER_KEY
-            _capped.add(True)
-    if first_over:
-        from ..errors import MetricsWarning, warn
-
-        warn(
-            f"torchstep_prof: more than {MAX_PAIRS} distinct (role, stage) pairs are timed; "
-            f"{text[0]!r}/{text[1]!r} and every later new pair are counted as role 'other', stage 'other' "
-            "(labels should name code, not data such as step numbers or sample ids)",
-            MetricsWarning,
-        )
-    return series
-
-
-_capped: set[bool] = set()  # not empty once a pair went past the cap (warned once)
+        _UNWRITTEN.clear()
+        for _, spans in _SPAN_LISTS:
+            spans.clear()
 
 
 class TimedRegion(tuple):  # type: ignore[type-arg]
-    """A region timed for the metrics and not profiled: ``TimedRegion((role, stage, t0))``,
-    timed from ``t0`` (``perf_counter`` as it is made, in ``with profile_region(...)`` as it is
-    entered) to its exit.
+    """A region timed and not profiled: ``TimedRegion((role, stage, t0))``, timed from ``t0``
+    (``perf_counter`` as it is made, in ``with profile_region(...)`` as it is entered) to its exit.
 
     A tuple made by ``tuple``'s own C constructor: no Python frame on creation, as no
-    ``__init__`` runs (the spans-on region's cost is mostly frames; docs/hot-path.md).
+    ``__init__`` runs (the region's cost is mostly frames; docs/hot-path.md).
     """
 
     __slots__ = ()
@@ -179,11 +122,10 @@ class TimedRegion(tuple):  # type: ignore[type-arg]
     __enter__ = staticmethod(str)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        seconds = _perf() - self[2]
         try:
-            _LOCAL.cells[self[0]][self[1]].append(seconds)
-        except (AttributeError, KeyError, TypeError):  # first use here; TypeError: unhashable label
-            _cell(self[0], self[1]).append(seconds)
+            _LOCAL.spans.extend(self + (_perf(),))
+        except AttributeError:  # this thread's first span
+            _spans_here().extend(self + (_perf(),))
 
 
 class TimedInner:
@@ -203,9 +145,19 @@ class TimedInner:
         return entered
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
-        # TimedRegion's exit (whichever is in force: metrics, spans or both), one copy of the rule.
         TimedRegion((self.role, self.stage, self.t0)).__exit__(exc_type, exc, tb)
         return self.inner.__exit__(exc_type, exc, tb)
+
+
+def _spans_here() -> list[Any]:
+    try:
+        return _LOCAL.spans  # type: ignore[no-any-return]
+    except AttributeError:
+        spans: list[Any] = []
+        with _STORES_LOCK:
+            _SPAN_LISTS.append((threading.current_thread(), spans))
+        _LOCAL.spans = spans
+        return spans
 
 
 class _Watched:
@@ -231,92 +183,28 @@ WATCHED = _Watched()
 
 
 def record_step(seconds: float, number: Optional[int] = None, start: Optional[float] = None) -> None:
-    """A step block lasted ``seconds`` (its end calls this, in whichever thread ends it); with
-    spans on, its ``number`` and ``start`` (``perf_counter``) go to the span log too."""
-    if _SPANS_ON:
-        if start is None:
-            start = _perf() - seconds
-        _spans_here().extend((None, number, start, start + seconds))
-        if not BOUNDS:  # spans alone: nobody folds the metrics' lists
-            return
-    try:
-        _LOCAL.cells[STEP_KEY][STEP_KEY].append(seconds)
-    except (AttributeError, KeyError):
-        _cell(STEP_KEY, STEP_KEY).append(seconds)
+    """A step block lasted ``seconds`` (its end calls this, in whichever thread ends it), from
+    ``start`` (``perf_counter``), its ``number`` if it said one."""
+    if start is None:
+        start = _perf() - seconds
+    _spans_here().extend((None, number, start, start + seconds))
     watched = WATCHED.steps
     if watched is not None and number is not None:
         watched.append((number, seconds))  # a deque's append: atomic, no lock
 
 
-# --- the span log's hand-off (timeline/span_log.py) ----------------------------------------
-# With spans on, a timed region's exit appends (role, stage, start, end) to its thread's span
-# list instead of (or, metrics on too, as well as) its duration: one append, as metrics cost.
-# Step blocks append (None, number, start, end); clock anchors (ANCHOR, "name\\0seq", start, end);
-# Ray calls and tasks (RAY, "what\\0task id", start, end).
-# The span log's thread takes them as the folding thread takes durations: the first n, then
-# exactly those deleted. The exit is swapped on the class once (decide once): a process without
-# spans runs the exit above, untouched.
-
-ANCHOR = "\x00anchor"  # the first item of an anchor's tuple: never a label (labels are checked text)
-_SPANS_ON: list[bool] = []  # not empty while spans are on in this process
-_SPAN_LISTS: list[tuple[threading.Thread, list[Any]]] = []  # each thread's (role, stage, start, end, ...)
-_TIMED_EXIT = TimedRegion.__exit__
-
-
-def _spans_here() -> list[Any]:
-    try:
-        return _LOCAL.spans  # type: ignore[no-any-return]
-    except AttributeError:
-        spans: list[Any] = []
-        with _STORES_LOCK:
-            _SPAN_LISTS.append((threading.current_thread(), spans))
-        _LOCAL.spans = spans
-        return spans
-
-
-def _span_exit(self: TimedRegion, exc_type: Any, exc: Any, tb: Any) -> None:
-    # One flat list, four items a span: a tuple kept per span would be a container the garbage
-    # collector tracks (a million of them between two writes make every collection slow).
-    try:
-        _LOCAL.spans.extend(self + (_perf(),))
-    except AttributeError:  # this thread's first span
-        _spans_here().extend(self + (_perf(),))
-
-
-def _span_and_metrics_exit(self: TimedRegion, exc_type: Any, exc: Any, tb: Any) -> None:
-    # Both exits' work inline, one clock reading: two calls would cost a third more.
-    end = _perf()
-    try:
-        _LOCAL.spans.extend(self + (end,))
-    except AttributeError:
-        _spans_here().extend(self + (end,))
-    try:
-        _LOCAL.cells[self[0]][self[1]].append(end - self[2])
-    except (AttributeError, KeyError, TypeError):
-        _cell(self[0], self[1]).append(end - self[2])
-
-
-def _choose_exit() -> None:
-    # ignore: the class's exit replaced on purpose, once per change (see above).
-    TimedRegion.__exit__ = (  # type: ignore[method-assign]
-        _TIMED_EXIT if not _SPANS_ON else _span_and_metrics_exit if BOUNDS else _span_exit
-    )
-
-
 def spans_on(on: bool = True) -> None:
-    """Record spans from now on (``on``), or stop (the span log starts and stops them)."""
+    """Keep spans for the span log from now on (``on``), or stop (the span log starts and stops them)."""
     with _STORES_LOCK:
         _SPANS_ON[:] = [True] if on else []
-        _choose_exit()
+        if not on:
+            _UNWRITTEN.clear()
 
 
 def record_anchor(name: str, seq: int, start: float, end: float) -> None:
     """A clock anchor (``tsp.clock_anchor``) was entered at ``start`` and left at ``end``."""
     if _SPANS_ON:
         _spans_here().extend((ANCHOR, f"{name}\x00{seq}", start, end))
-
-
-RAY = "\x00ray"  # the first item of a Ray call's or task's tuple (integrations/ray.py)
 
 
 def record_ray(what: str, task: str, start: float, end: float) -> None:
@@ -326,20 +214,98 @@ def record_ray(what: str, task: str, start: float, end: float) -> None:
         _spans_here().extend((RAY, f"{what}\x00{task}", start, end))
 
 
+def drain() -> None:
+    """Take every thread's spans recorded since the last drain: their durations into the
+    histograms (metrics on), the batches kept for :func:`take_spans` (spans on)."""
+    with _DRAIN_LOCK:
+        taken = []
+        with _STORES_LOCK:
+            lists = list(_SPAN_LISTS)
+            _SPAN_LISTS[:] = [(t, spans) for t, spans in lists if t.is_alive() or spans]
+        for thread, spans in lists:
+            n = len(spans)  # a multiple of 4: list.extend of a tuple is atomic
+            if n:
+                batch = spans[:n]
+                del spans[:n]  # exactly those: one appended meanwhile stays for next time
+                taken.append((thread, batch))
+        over = None
+        if BOUNDS:
+            for _, batch in taken:
+                over = _fold(batch) or over
+        if _SPANS_ON:
+            with _STORES_LOCK:
+                _UNWRITTEN.extend(taken)
+    if over is not None:
+        from ..errors import MetricsWarning, warn
+
+        warn(
+            f"torchstep_prof: more than {MAX_PAIRS} distinct (role, stage) pairs are timed; "
+            f"{over[0]!r}/{over[1]!r} and every later new pair are counted as role 'other', stage 'other' "
+            "(labels should name code, not data such as step numbers or sample ids)",
+            MetricsWarning,
+        )
+
+
 def take_spans() -> list[tuple[threading.Thread, list[Any]]]:
     """Every thread's spans recorded since the last call (the span log's thread only), each
     thread's as one flat list: role, stage, start, end, role, stage, ..."""
-    taken = []
+    drain()
     with _STORES_LOCK:
-        lists = list(_SPAN_LISTS)
-        _SPAN_LISTS[:] = [(t, spans) for t, spans in lists if t.is_alive() or spans]
-    for thread, spans in lists:
-        n = len(spans)  # a multiple of 4: list.extend of a tuple is atomic
-        if n:
-            batch = spans[:n]
-            del spans[:n]  # exactly those: one appended meanwhile stays for next time
-            taken.append((thread, batch))
+        taken = list(_UNWRITTEN)
+        _UNWRITTEN.clear()
     return taken
+
+
+def _fold(batch: list[Any]) -> Optional[tuple[str, str]]:
+    """Fold one thread's spans into the histograms (under the drain lock); the first pair that
+    went past the cap, if one did now."""
+    bounds = BOUNDS
+    width = len(bounds) + 1
+    watched_key = WATCHED.key
+    over = None
+    for i in range(0, len(batch), 4):
+        role, stage, start, end = batch[i : i + 4]
+        if role is None:
+            key: tuple[Any, Any] = (STEP_KEY, STEP_KEY)
+            WATCHED.last_step_at = time.time()
+        elif role is ANCHOR or role is RAY:
+            continue
+        else:
+            try:
+                key = _SERIES[role, stage]
+            except (KeyError, TypeError):  # TypeError: an unhashable label, timed under its text
+                key, first_over = _admit(role, stage)
+                over = over or first_over
+        seconds = end - start
+        if key == watched_key:
+            WATCHED.region.append(seconds)
+        into = _FOLDED.get(key)
+        if into is None:
+            into = _FOLDED[key] = [0.0, 0.0] + [0] * width
+        into[0] += seconds
+        if seconds > into[1]:
+            into[1] = seconds
+        into[bisect_left(bounds, seconds) + 2] += 1
+    return over
+
+
+def _admit(role: Any, stage: Any) -> tuple[tuple[Any, Any], Optional[tuple[str, str]]]:
+    """The series a pair seen for the first time is timed under, admitting it while there is
+    room (its labels are checked here, as a schedule's regions check theirs); and the pair, if
+    it is the first past the cap."""
+    from ..recording.labels import check_labels
+
+    text = check_labels(role, stage)
+    if text in _ADMITTED or len(_ADMITTED) < MAX_PAIRS:
+        _ADMITTED.add(text)
+        try:
+            _SERIES[role, stage] = text
+        except TypeError:  # an unhashable label: looked up by its text each time
+            pass
+        return text, None
+    first_over = not _capped and text != OTHER_KEY
+    _capped.add(True)
+    return OTHER_KEY, text if first_over else None
 
 
 _IDLE: dict[tuple[Any, Any], list[Any]] = {}  # (role, stage) -> [sum_s, max_s, n_0, ..., n_k], idle before it
@@ -367,74 +333,37 @@ def idle_snapshot() -> dict[tuple[Any, Any], CellStats]:
         return {k: CellStats(counts=tuple(v[2:]), sum_s=v[0], max_s=v[1]) for k, v in _IDLE.items()}
 
 
-def _fold() -> None:
-    """Move every thread's durations into the histograms (readers only, under the lock)."""
-    bounds = BOUNDS
-    width = len(bounds) + 1
-    watched_key = WATCHED.key
-    with _STORES_LOCK:
-        alive = []
-        for thread, cells in _STORES:
-            pending = False
-            for role, stages in cells.copy().items():  # dict.copy is atomic: the owner may add keys
-                for stage, cell in stages.copy().items():
-                    n = len(cell)
-                    if not n:
-                        continue
-                    taken = cell[:n]
-                    del cell[:n]  # exactly those: one appended meanwhile stays for next time
-                    key = _SERIES.get((role, stage), OTHER_KEY)  # the pair's series, or other
-                    if key == watched_key:
-                        WATCHED.region.extend(taken)
-                    elif role is STEP_KEY:
-                        WATCHED.last_step_at = time.time()
-                    into = _FOLDED.get(key)
-                    if into is None:
-                        into = _FOLDED[key] = [0.0, 0.0] + [0] * width
-                    into[0] += sum(taken)
-                    into[1] = max(into[1], max(taken))
-                    for seconds in taken:
-                        into[bisect_left(bounds, seconds) + 2] += 1
-                    pending = pending or bool(cell)
-            if thread.is_alive() or pending:
-                alive.append((thread, cells))
-        _STORES[:] = alive  # a finished thread's lists, once folded, are dropped
-
-
 def fold() -> None:
     """Fold every thread's durations now (the slow-step watch, for a watched region's times)."""
-    _fold()
+    drain()
 
 
 def _fold_forever() -> None:
     while True:
         time.sleep(FOLD_EVERY_S)
         try:
-            _fold()
+            drain()
         except Exception:  # never let the folding thread die of one bad pass  # pragma: no cover
             pass
 
 
 def _after_fork_in_child() -> None:
-    # A forked child (a DataLoader worker) serves nothing and starts with none of the parent's
-    # times; its own are still folded, so its lists stay short. The lock may have been held by
-    # a thread that does not exist here.
-    global _STORES_LOCK
+    # A forked child (a DataLoader worker) serves nothing, logs no spans and starts with none of
+    # the parent's times; its own are still folded, so its lists stay short. The locks may have
+    # been held by a thread that does not exist here.
+    global _STORES_LOCK, _DRAIN_LOCK
     _STORES_LOCK = threading.Lock()
+    _DRAIN_LOCK = threading.Lock()
     _FOLDED.clear()
     WATCHED.reset()  # the parent's slow-step watch is not this process's
     _IDLE.clear()
-    me = threading.current_thread()
-    kept = [(thread, cells) for thread, cells in _STORES if thread is me]
-    for _, cells in kept:
-        for stages in cells.values():
-            for cell in stages.values():
-                cell.clear()
-    _STORES[:] = kept
-    _SPAN_LISTS.clear()  # a forked child (a DataLoader worker) records no spans
-    _LOCAL.__dict__.pop("spans", None)
+    _UNWRITTEN.clear()
     _SPANS_ON.clear()
-    _choose_exit()
+    me = threading.current_thread()
+    kept = [(thread, spans) for thread, spans in _SPAN_LISTS if thread is me]
+    for _, spans in kept:
+        spans.clear()
+    _SPAN_LISTS[:] = kept
     _folding.clear()
     if BOUNDS:
         _folding.append(threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True))
@@ -460,8 +389,8 @@ class CellStats:
 
 def snapshot() -> dict[tuple[Any, Any], CellStats]:
     """Every (role, stage)'s stats so far, over every thread (``(None, None)``: step blocks)."""
-    _fold()
-    with _STORES_LOCK:
+    drain()
+    with _DRAIN_LOCK:
         return {k: CellStats(counts=tuple(v[2:]), sum_s=v[0], max_s=v[1]) for k, v in _FOLDED.items()}
 
 

@@ -151,7 +151,7 @@ class Frame:
 
     __slots__ = (
         "config", "idle", "disabled", "hook_scope", "plan", "cached_no", "rank_no", "schedule_scope",
-        "rank_group", "rank_ok", "label_checks", "metrics", "quiet", "screened", "live",
+        "rank_group", "rank_ok", "label_checks", "metrics", "quiet", "screened", "live", "timed_only",
     )  # fmt: skip
 
     def __init__(self, config: ProfilerConfig, hook_scope: Optional[HookScope]) -> None:
@@ -173,6 +173,9 @@ class Frame:
         self.live = not self.disabled and (config.stall is not None or config.on_demand is not None)
         self.quiet = self.idle and self.metrics is None and not self.live
         self.screened = self.metrics is not None or self.live
+        # Only timed: what a region under this frame is when no trace records (one attribute
+        # read on the spans-on and metrics-on path, which is measured against its budget).
+        self.timed_only = self.idle and self.metrics is not None and not self.live
         self.hook_scope = hook_scope
         schedule = config.schedule
         self.plan: SchedulePlan = _NO_PLAN
@@ -252,7 +255,9 @@ class _RootFrame(Frame):
 
     def __init__(self) -> None:
         Frame.__init__(self, ProfilerConfig(), None)
-        self.idle = self.quiet = False  # unknown until resolved: send the first region down the slow path
+        self.idle = self.quiet = self.timed_only = (
+            False  # unknown until resolved: send the first region down the slow path
+        )
         self.screened = True  # regions under the root frame check that it is resolved, until it is
 
     def resolve(self) -> Frame:
