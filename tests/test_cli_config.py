@@ -15,7 +15,7 @@ from torchstep_prof.cli import main
 from torchstep_prof.config.model import FinishHookConfig, ProfilerConfig, ScheduleConfig
 from torchstep_prof.config.files import dump_config, load_config
 from torchstep_prof.config.converter import to_dict
-from torchstep_prof.config.environment import ENV_CONFIG, ENV_OVERRIDES
+from torchstep_prof.config.variables import ENV_CONFIG, ENV_OVERRIDES
 
 ROOT = Path(torchstep_prof.__file__).resolve().parents[1]
 

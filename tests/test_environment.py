@@ -10,10 +10,8 @@ import pytest
 
 from torchstep_prof.config.model import FinishHookConfig, ProfilerConfig, ScheduleConfig
 from torchstep_prof.config.files import dump_config
+from torchstep_prof.config.variables import ENV_CONFIG, ENV_OVERRIDES, ENV_SUMMARY
 from torchstep_prof.config.environment import (
-    ENV_CONFIG,
-    ENV_OVERRIDES,
-    ENV_SUMMARY,
     EnvironmentLayer,
     read_environment,
     summary_disabled,

@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ._fork import at_fork_in_child
-from .errors import ForeignProfilerWarning, ProfilerStartWarning, TorchstepProfWarning, warn, warn_once
+from .errors import ForeignProfilerWarning, TorchstepProfWarning, warn, warn_once
 from .recording.range_names import range_name
 from .recording.nvtx import NvtxRange
 from .recording.session import TraceSession, entered, new_range
@@ -29,7 +29,7 @@ from .region_metrics.endpoint import serve as serve_metrics, when_started as whe
 from .selection import open_blocks, steps
 from .selection.frames import Frame, HookScope, when_env_sets_a_hook, when_the_root_resolves
 from .selection.rules import StepAction, last_selected_step
-from .selection.steps import CURRENT_STEP, StepBlock
+from .selection.steps import StepBlock
 from .topology import current_topology
 from .triggers.plan import use_engine as drive_on_demand_plans
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .summary.records import TraceRecord
     from .writing.writer import TraceWriter
 
-__all__ = ["CURRENT_STEP", "ENGINE", "Engine", "ForeignProfilerWarning", "ProfilerStartWarning"]
+__all__ = ["ENGINE", "Engine"]
 
 _WRITER_LOCK = threading.Lock()  # makes the one writer (never held while it writes)
 

@@ -1,8 +1,5 @@
 """Composable configuration scopes: schedule, ranks, contents, on_finish, on_demand, stall, metrics, spans, auto_trace, configure.
 
-Composable configuration scopes: ``schedule()``, ``ranks()``, ``contents()``, ``on_finish()``,
-``on_demand()``, ``stall()``, ``metrics()``, ``spans()``, ``auto_trace()``, ``configure()``.
-
 Each scope pushes a frame (``selection/frames.py``) for its block and tells the engine it was entered
 (the metrics endpoint and span log start, warm up) and exited (finish hooks, missed steps).
 Scopes are entered rarely, so they are generator context managers: that makes each one usable
@@ -127,6 +124,16 @@ def _pushed(fields: dict[str, Any] | ProfilerConfig) -> Iterator[ProfilerConfig]
             _live.scope_left(frame, parent)  # and the live status thread
 
 
+def _section(key: str, cls: Callable[..., Any], **values: Any) -> Scope:
+    """A scope setting the section ``key``; its problems named as the config file names them
+    (``schedule.wait``)."""
+    try:
+        config = cls(**values)
+    except ConfigError as exc:
+        raise exc.under(key) from None
+    return Scope({key: config})
+
+
 # The code's config at each depth, kept beside the frames so that the environment layer is
 # applied exactly once on top of it (never to an already-overridden config).
 _CODE_CONFIG: contextvars.ContextVar[ProfilerConfig] = contextvars.ContextVar("torchstep_prof_code_config")
@@ -163,13 +170,16 @@ def schedule(
     """
     if isinstance(steps, Sequence) and not isinstance(steps, (str, bytes)):
         steps = tuple(steps)  # range(0, 10, 2) too
-    try:
-        config = ScheduleConfig(
-            steps=steps, skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat
-        )
-    except ConfigError as exc:  # name the key as the config file would: schedule.wait
-        raise exc.under("schedule") from None
-    return Scope({"schedule": config})
+    return _section(
+        "schedule",
+        ScheduleConfig,
+        steps=steps,
+        skip_first=skip_first,
+        wait=wait,
+        warmup=warmup,
+        active=active,
+        repeat=repeat,
+    )
 
 
 def ranks(*ranks: Union[int, Sequence[int]], all_ranks: bool = False) -> Scope:
@@ -222,22 +232,18 @@ def on_finish(
     >>> with tsp.schedule(steps=[1]), tsp.on_finish('upload-tool "$TORCHSTEP_PROF_SAVE_PATH"'):  # doctest: +SKIP
     ...     train()
     """
-    try:
-        hook = FinishHookConfig(
-            # Anything but a string or a list/tuple reaches the validator as given (None, 5):
-            # "finish_hook.cmd: must be a string or a list of strings (got None)".
-            cmd=list(cmd) if isinstance(cmd, (list, tuple)) else cmd,
-            ranks=ranks,
-            all_ranks=all_ranks,
-            per_node=per_node,
-            node_wait_s=node_wait_s,
-            timeout_s=timeout_s,
-            relocate=relocate,
-            wait=wait,
-        )
-    except ConfigError as exc:  # finish_hook.timeout_s, as the config file names it
-        raise exc.under("finish_hook") from None
-    return Scope({"finish_hook": hook})
+    return _section(
+        "finish_hook",
+        FinishHookConfig,
+        cmd=cmd,
+        ranks=ranks,
+        all_ranks=all_ranks,
+        per_node=per_node,
+        node_wait_s=node_wait_s,
+        timeout_s=timeout_s,
+        relocate=relocate,
+        wait=wait,
+    )
 
 
 def on_demand(dir: Union[str, os.PathLike[str]], *, poll_s: float = 1.0) -> Scope:
@@ -248,11 +254,7 @@ def on_demand(dir: Union[str, os.PathLike[str]], *, poll_s: float = 1.0) -> Scop
     >>> with tsp.on_demand("/shared/job7/on_demand", poll_s=2):   # doctest: +SKIP
     ...     train()
     """
-    try:
-        config = OnDemandConfig(dir=dir, poll_s=poll_s)
-    except ConfigError as exc:  # on_demand.poll_s, as the config file names it
-        raise exc.under("on_demand") from None
-    return Scope({"on_demand": config})
+    return _section("on_demand", OnDemandConfig, dir=dir, poll_s=poll_s)
 
 
 def stall(
@@ -274,19 +276,17 @@ def stall(
     >>> with tsp.stall("/shared/job7/status", after_s=600, cmd="page-oncall"):   # doctest: +SKIP
     ...     train()
     """
-    try:
-        config = StallConfig(
-            dir=dir,
-            after_s=after_s,
-            factor=factor,
-            floor_s=floor_s,
-            poll_s=poll_s,
-            cmd=list(cmd) if isinstance(cmd, (list, tuple)) else cmd,
-            timeout_s=timeout_s,
-        )
-    except ConfigError as exc:  # stall.after_s, as the config file names it
-        raise exc.under("stall") from None
-    return Scope({"stall": config})
+    return _section(
+        "stall",
+        StallConfig,
+        dir=dir,
+        after_s=after_s,
+        factor=factor,
+        floor_s=floor_s,
+        poll_s=poll_s,
+        cmd=cmd,
+        timeout_s=timeout_s,
+    )
 
 
 def metrics(
@@ -306,16 +306,14 @@ def metrics(
     ...     with tsp.step(1), tsp.profile_region("actor", "update"):
     ...         pass
     """
-    try:
-        config = MetricsConfig(
-            port=port,
-            addr=addr,
-            buckets=tuple(buckets) if isinstance(buckets, (list, tuple)) else buckets,
-            enable=enable,
-        )
-    except ConfigError as exc:  # metrics.port, as the config file names it
-        raise exc.under("metrics") from None
-    return Scope({"metrics": config})
+    return _section(
+        "metrics",
+        MetricsConfig,
+        port=port,
+        addr=addr,
+        buckets=buckets,
+        enable=enable,
+    )
 
 
 def spans(dir: Union[str, os.PathLike[str]], *, enable: bool = True) -> Scope:
@@ -328,11 +326,7 @@ def spans(dir: Union[str, os.PathLike[str]], *, enable: bool = True) -> Scope:
     ...     with tsp.step(1), tsp.profile_region("actor", "update"):
     ...         pass
     """
-    try:
-        config = SpansConfig(dir=dir, enable=enable)
-    except ConfigError as exc:  # spans.dir, as the config file names it
-        raise exc.under("spans") from None
-    return Scope({"spans": config})
+    return _section("spans", SpansConfig, dir=dir, enable=enable)
 
 
 def auto_trace(
@@ -356,21 +350,19 @@ def auto_trace(
     >>> with tsp.metrics(), tsp.on_demand("/shared/job7/on_demand"), tsp.auto_trace(factor=3):  # doctest: +SKIP
     ...     train()
     """
-    try:
-        config = AutoTraceConfig(
-            on=on,
-            factor=factor,
-            min_ms=min_ms,
-            baseline_steps=baseline_steps,
-            next=next,
-            peers=peers,
-            cooldown_steps=cooldown_steps,
-            max_traces_per_hour=max_traces_per_hour,
-            max_bytes=max_bytes,
-        )
-    except ConfigError as exc:  # auto_trace.factor, as the config file names it
-        raise exc.under("auto_trace") from None
-    return Scope({"auto_trace": config})
+    return _section(
+        "auto_trace",
+        AutoTraceConfig,
+        on=on,
+        factor=factor,
+        min_ms=min_ms,
+        baseline_steps=baseline_steps,
+        next=next,
+        peers=peers,
+        cooldown_steps=cooldown_steps,
+        max_traces_per_hour=max_traces_per_hour,
+        max_bytes=max_bytes,
+    )
 
 
 def configure(config: Union[ProfilerConfig, str, os.PathLike[str], None] = None, **fields: Any) -> Scope:

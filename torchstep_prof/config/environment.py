@@ -21,17 +21,7 @@ from ..errors import ConfigError, Problem
 if TYPE_CHECKING:
     from .overrides import Override
 
-__all__ = [
-    "ENV_CHILDREN",
-    "ENV_CONFIG",
-    "ENV_OVERRIDES",
-    "ENV_OWNER",
-    "ENV_SUMMARY",
-    "EnvironmentLayer",
-    "owns_environment",
-    "read_environment",
-    "summary_disabled",
-]
+__all__ = ["EnvironmentLayer", "owns_environment", "read_environment", "summary_disabled"]
 
 _OFF_WORDS = frozenset({"0", "false", "no", "off"})
 _MAX_CACHED_APPLIES = 64

@@ -51,10 +51,6 @@ def _path_text(value: Any) -> Any:
     return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
-def _command(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
 def _paths(value: Any) -> Any:
     if isinstance(value, (str, os.PathLike)):
         return (os.fspath(value),)
@@ -237,7 +233,7 @@ class FinishHookConfig:
     ('echo', 'done')
     """
 
-    cmd: Union[str, Tuple[str, ...]] = attrs.field(converter=_command)
+    cmd: Union[str, Tuple[str, ...]] = attrs.field(converter=_tuple_or_none)
     ranks: Optional[Tuple[int, ...]] = attrs.field(default=None, converter=_tuple_or_none)
     all_ranks: bool = False
     per_node: bool = False
@@ -320,10 +316,6 @@ DEFAULT_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 
-def _floats(value: Any) -> Any:
-    return tuple(value) if isinstance(value, (list, tuple)) else value
-
-
 def _port(key: str, value: Any) -> list[Problem]:
     if not _is_int(value) or not 0 <= value <= 65535:
         return [Problem(key, f"must be a TCP port, an integer from 0 to 65535 (got {value!r}; 0: any free port)")]
@@ -385,7 +377,7 @@ class MetricsConfig:
     # exporter range (dcgm-exporter, on the GPU nodes this runs on, takes 9400 there).
     port: int = DEFAULT_METRICS_PORT
     addr: str = "0.0.0.0"
-    buckets: Tuple[float, ...] = attrs.field(default=DEFAULT_BUCKETS, converter=_floats)
+    buckets: Tuple[float, ...] = attrs.field(default=DEFAULT_BUCKETS, converter=_tuple_or_none)
 
     def __attrs_post_init__(self) -> None:
         _raise_if(_validate(self, {"enable": _bool, "port": _port, "addr": _address, "buckets": _buckets}))
@@ -488,7 +480,7 @@ class StallConfig:
     factor: float = 10.0
     floor_s: float = 300.0
     poll_s: float = 1.0
-    cmd: Optional[Union[str, Tuple[str, ...]]] = attrs.field(default=None, converter=_command)
+    cmd: Optional[Union[str, Tuple[str, ...]]] = attrs.field(default=None, converter=_tuple_or_none)
     timeout_s: float = DEFAULT_HOOK_TIMEOUT_S
 
     def __attrs_post_init__(self) -> None:

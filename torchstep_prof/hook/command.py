@@ -19,7 +19,7 @@ import attrs
 from ..config.model import FinishHookConfig
 from ..naming import sanitize_label
 from ..summary.records import STORE, HookRecord
-from .process import HookInterrupt, display, kill_running_hooks, run_command, warn_hook
+from .process import HookInterrupt, display, run_command, warn_hook
 from .relocate import relocate_traces
 
 __all__ = [
@@ -31,10 +31,8 @@ __all__ = [
     "ENV_TRACES",
     "ENV_TRACES_FILE",
     "ENV_WORLD_SIZE",
-    "HOOK_ENV_NAMES",
     "HookContext",
     "hook_environment",
-    "kill_running_hooks",
     "run_hook",
 ]
 
@@ -46,17 +44,6 @@ ENV_PID = "TORCHSTEP_PROF_PID"
 ENV_ROLES = "TORCHSTEP_PROF_ROLES"
 ENV_TRACES = "TORCHSTEP_PROF_TRACES"
 ENV_TRACES_FILE = "TORCHSTEP_PROF_TRACES_FILE"
-HOOK_ENV_NAMES = (
-    ENV_SAVE_PATH,
-    ENV_RANK,
-    ENV_WORLD_SIZE,
-    ENV_LOCAL_RANK,
-    ENV_PID,
-    ENV_ROLES,
-    ENV_TRACES,
-    ENV_TRACES_FILE,
-)
-"""Every variable the hook's environment adds to the training process's own."""
 
 OUTPUT_PREFIX = "[rank {rank}] "
 

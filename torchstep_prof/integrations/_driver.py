@@ -10,6 +10,7 @@ triggers belong to it), and everything is closed in reverse order when training 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -142,6 +143,30 @@ class StepDriver:
         stack = self._regions.pop(stage, None)
         if stack is not None:
             stack.close()
+
+    def wrap_in_region(self, owner: Any, method: str) -> None:
+        """Make ``owner.<method>`` (this instance only, until the scopes close) run in the region
+        ``trainer/<method>``: for the framework steps that have no event of their own."""
+        wrapped = getattr(owner, method)
+        before = owner.__dict__.get(method)
+
+        @functools.wraps(wrapped)
+        def in_region(*args: Any, **kwargs: Any) -> Any:
+            self.enter_region(method)
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                self.exit_region(method)
+
+        setattr(owner, method, in_region)
+
+        def restore() -> None:
+            if before is None:
+                owner.__dict__.pop(method, None)
+            else:
+                setattr(owner, method, before)
+
+        self.on_close(restore)
 
     def close(self) -> None:
         """Close everything still open, innermost first (training ended, or raised)."""

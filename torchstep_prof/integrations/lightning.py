@@ -15,7 +15,6 @@ Lightning runs ``training_step`` and ``backward`` inside ``optimizer.step(closur
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -56,27 +55,8 @@ class TorchstepProfCallback(Callback):
         driver = self._driver
         driver.start()
         # Lightning has no event around training_step itself (it runs inside the optimizer's
-        # closure): wrap it on this module instance, for the duration of training only.
-        training_step = pl_module.training_step
-        before = pl_module.__dict__.get("training_step")
-
-        @functools.wraps(training_step)
-        def training_step_in_region(*args: Any, **kwargs: Any) -> Any:
-            driver.enter_region("training_step")
-            try:
-                return training_step(*args, **kwargs)
-            finally:
-                driver.exit_region("training_step")
-
-        pl_module.training_step = training_step_in_region  # type: ignore[method-assign]  # this instance only
-
-        def restore() -> None:
-            if before is None:
-                pl_module.__dict__.pop("training_step", None)
-            else:
-                pl_module.training_step = before  # type: ignore[method-assign]  # put back
-
-        driver.on_close(restore)
+        # closure).
+        driver.wrap_in_region(pl_module, "training_step")
         # The update ends inside torch's Optimizer.step range: a step post-hook closes the region
         # there, so it nests in that range instead of straddling its end.
         for optimizer in trainer.optimizers:

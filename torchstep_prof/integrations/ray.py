@@ -22,6 +22,7 @@ pairs them (docs/timeline.md, "One clock"). With spans off they are ``.remote(..
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Optional, TypeVar
 
 import ray
@@ -105,17 +106,7 @@ class _Ran:
         _recorder.record_ray("ran", self.task, self.start, _perf())
 
 
-class _Nothing:
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        return None
-
-
-_NOTHING = _Nothing()
+_NOTHING = contextlib.nullcontext()  # shared: it holds nothing
 
 
 def _task_run() -> Any:

@@ -105,33 +105,8 @@ class TorchstepProfCallback(TrainerCallback):
                 TorchstepProfWarning,
             )
         self._driver.start()
-        if trainer is not None:
-            self._wrap_evaluate(trainer)
-
-    def _wrap_evaluate(self, trainer: Trainer) -> None:
-        # Trainer has no "evaluation begins" event: wrap evaluate() on this instance, for the
-        # duration of training only (removed at close).
-        driver = self._driver
-        evaluate = trainer.evaluate
-
-        @functools.wraps(evaluate)
-        def evaluate_in_region(*args: Any, **kwargs: Any) -> Any:
-            driver.enter_region("evaluate")
-            try:
-                return evaluate(*args, **kwargs)
-            finally:
-                driver.exit_region("evaluate")
-
-        before = trainer.__dict__.get("evaluate")
-        trainer.evaluate = evaluate_in_region  # type: ignore[method-assign]  # this instance only
-
-        def restore() -> None:
-            if before is None:
-                trainer.__dict__.pop("evaluate", None)
-            else:
-                trainer.evaluate = before  # type: ignore[method-assign]  # put back
-
-        driver.on_close(restore)
+        if trainer is not None:  # Trainer has no "evaluation begins" event
+            self._driver.wrap_in_region(trainer, "evaluate")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._driver.begin_step(state.global_step + 1)

@@ -56,10 +56,9 @@ def settings_of(config: ProfilerConfig) -> Optional[LiveSettings]:
     stall, on_demand = config.stall, config.on_demand
     if not config.enable or (stall is None and on_demand is None):
         return None
-    if stall is None and on_demand is not None:
-        return LiveSettings(dir=os.path.abspath(on_demand.dir), poll_s=on_demand.poll_s, stall=None)
     if stall is None:
-        return None
+        assert on_demand is not None  # (for mypy: one of the two is set)
+        return LiveSettings(dir=os.path.abspath(on_demand.dir), poll_s=on_demand.poll_s, stall=None)
     folder = stall.dir or (on_demand.dir if on_demand is not None else os.path.join(config.save_path, "status"))
     return LiveSettings(dir=os.path.abspath(folder), poll_s=stall.poll_s, stall=stall)
 

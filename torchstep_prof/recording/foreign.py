@@ -74,7 +74,7 @@ def foreign_profiler() -> Optional[str]:
     global _clean_at
     if kineto_recording():
         return _RECORDING
-    if not _tracker_registered():
+    if _STEP_KEY not in (_step_dict() or {}):
         return None
     state = profiles_state()
     with _lock:
@@ -100,10 +100,9 @@ def disturbed_since(state: tuple[Any, ...]) -> Optional[tuple[str, bool]]:
     return None if reason is None else (reason, reason == _RECORDING)
 
 
-def _tracker_registered() -> bool:
-    tracker = getattr(_autograd_profiler, "KinetoStepTracker", None)
-    steps = getattr(tracker, "_step_dict", None)
-    return steps is not None and _STEP_KEY in steps
+def _step_dict() -> Any:
+    """torch's step tracker's registrations (None in a torch without one)."""
+    return getattr(getattr(_autograd_profiler, "KinetoStepTracker", None), "_step_dict", None)
 
 
 def _classes() -> tuple[type, type]:
@@ -174,8 +173,7 @@ def new_own_profile(**kwargs: Any) -> Any:
     """
     import torch
 
-    tracker = getattr(_autograd_profiler, "KinetoStepTracker", None)
-    steps = getattr(tracker, "_step_dict", None)
+    steps = _step_dict()
     registered_before = steps is not None and _STEP_KEY in steps
     prof = torch.profiler.profile(**kwargs)
     if steps is not None and not registered_before:

@@ -160,14 +160,18 @@ class Watcher:
 
     def serve_own(self, request: Request) -> None:
         """Serve ``request`` here now, as if read from the folder (a slow step's own capture)."""
-        entry: dict[str, Any] = {"id": request.id, "steps": list(request.steps), "outcome": "pending"}
-        self._served.append(entry)
-        self._served_ids.add(request.id)  # its request file, for the peers, is not served here again
-        del self._served[:-MAX_SERVED]
-        plan = Plan(self, request, entry)
+        plan = Plan(self, request, self._serving(request))  # its request file, for the peers, is not served again
         plan.at_step_read = self.step
         self.plan = plan
         self._write_status()  # the peers read this rank as slow from now on
+
+    def _serving(self, request: Request) -> dict[str, Any]:
+        """The entry of ``request`` in the served list, from now on read as served."""
+        entry: dict[str, Any] = {"id": request.id, "steps": list(request.steps), "outcome": "pending"}
+        self._served.append(entry)
+        self._served_ids.add(request.id)
+        del self._served[:-MAX_SERVED]
+        return entry
 
     def ask_peers(self, request: Request) -> None:
         """Write ``request`` (its ranks: the peers) where every rank reads requests."""
@@ -229,10 +233,7 @@ class Watcher:
             return
         if request.id in self._served_ids:
             return  # served already (maybe by this rank's earlier poll thread)
-        entry: dict[str, Any] = {"id": request.id, "steps": list(request.steps), "outcome": "pending"}
-        self._served.append(entry)
-        self._served_ids.add(request.id)
-        del self._served[:-MAX_SERVED]
+        entry = self._serving(request)
         auto = request.rule.get("auto_trace") if request.rule is not None else None
         if isinstance(auto, dict) and current_topology().rank in (request.ranks or ()):
             # A slow rank asks this one to trace the same steps; too late (a rank that slowed

@@ -36,7 +36,6 @@ class Range(NamedTuple):
 
 
 USER_CATEGORY = "user_annotation"
-_WIDER = len(USER_CATEGORY) - len("cpu_op")  # bytes the whitespace must give up per range
 _STEP_RANGE = re.compile(  # the CPU range: a CUDA trace also holds a GPU copy (gpu_user_annotation)
     rb'"cat":\s*"(?:user_annotation|cpu_op)",\s*"name":\s*"ProfilerStep#(\d+)",\s*"pid":\s*[^,]*,\s*"tid":\s*([^,]*),\s*"ts":\s*([^,]*),\s*"dur":\s*([-+0-9.eE]+)'
 )
