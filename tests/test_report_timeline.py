@@ -257,3 +257,59 @@ def test_a_process_no_anchor_links_is_named_under_clocks_on_the_page(shifted, tm
     notes = re.search(r'<ul class="clock-notes">(.*?)</ul>', page.read_text(), re.S)
     assert notes is not None, "no clock notes on the page"
     assert "rank 1" in notes.group(1) and "anchor" in notes.group(1)
+
+
+def _rank_gaps(page: Path) -> list[float]:
+    """Per step's timeline (a row per rank), how far rank 1's first bar starts after rank 0's, in ms."""
+    gaps = []
+    for spec in figures(page):
+        if not re.match(r"ms since \d{4}-", spec["layout"].get("xaxis", {}).get("title", {}).get("text", "")):
+            continue  # not a step's timeline on wall-clock time
+        first: dict[str, float] = {}
+        for trace in spec["data"]:
+            for label, base in zip(trace["y"], trace["base"]):
+                rank = label.split()[1]
+                first[rank] = min(first.get(rank, float("inf")), base)
+        gaps.append(first["1"] - first["0"])
+    return gaps
+
+
+def test_the_step_timelines_put_each_rank_on_the_job_clock_when_the_span_files_give_it(job, shifted, tmp_path):
+    """Rank 1's traces and spans 2 s ahead: with the span files, its bars are moved back by its
+    estimated offset (where the unshifted job has them) and the page prints the bound; without
+    them, the bars stay 2 s off and the page says the clocks are unaligned."""
+    pages = {}
+    for name, folder, spans in (("raw", job, True), ("aligned", shifted, True), ("own", shifted, False)):
+        traces = tmp_path / name
+        shutil.copytree(folder, traces, ignore=None if spans else shutil.ignore_patterns("spans"))
+        pages[name] = tmp_path / f"{name}.html"
+        done = cli("report", str(traces), "-o", str(pages[name]))
+        assert done.returncode == 0, done.stderr
+    raw, aligned, own = (_rank_gaps(pages[name]) for name in ("raw", "aligned", "own"))
+    assert len(raw) == len(aligned) == len(own) == 3  # the traced steps 1-3
+    merged = cli("merge", str(tmp_path / "aligned"), "-o", str(tmp_path / "merged.json"))
+    bound_ms = max(
+        i["clock"]["bound_s"] for i in json.loads((tmp_path / "merged.json").read_text())["torchstep_prof_merge"]["inputs"]
+    ) * 2000  # fmt: skip
+    assert merged.returncode == 0 and bound_ms < 50
+    for before, moved, kept in zip(raw, aligned, own):
+        assert abs(moved - before) <= bound_ms + 0.01, (moved, before)
+        assert abs(kept - before - SHIFT_S * 1000) <= 1.0, (kept, before)
+
+    html = pages["aligned"].read_text()
+    lines = re.findall(r'<p class="meta clocks">(.*?)</p>', html)
+    assert len(lines) == 3
+    assert all(
+        re.fullmatch(
+            rf"Each rank moved onto one clock, actor\+ref rank \d@[^:]+&#x27;s: clocks from {re.escape(str(tmp_path / 'aligned' / 'spans'))}: "
+            r"\d+ of \d+ trace\(s\) aligned \(offsets right within \d+\.\d{3} ms\)\.",
+            line,
+        )
+        for line in lines
+    ), lines
+    unaligned = re.findall(r'<p class="meta clocks">(.*?)</p>', pages["own"].read_text())
+    assert len(unaligned) == 3 and all("the clocks are unaligned" in line for line in unaligned)
+    probe = probe_page(pages["aligned"])
+    assert probe["errors"] == []
+    timelines = [c for c in probe["charts"] if c["kind"] == "timeline"]
+    assert len(timelines) == 3 and all(c["bars"] >= 6 for c in timelines)

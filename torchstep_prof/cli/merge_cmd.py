@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Sequence
 
 from . import _spans, _tracedir
 from ..rendering import safe_text
-
-if TYPE_CHECKING:
-    from ..traces.analysis.span_clocks import TraceClock
 
 HELP = "merge the traces in DIR into one Chrome trace, one track per file, on one timeline"
 
@@ -43,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..traces.analysis.merge import merge_traces
-    from ..traces.analysis.span_clocks import job_clocks
+    from ..traces.analysis.span_clocks import describe_clocks, job_clocks
     from ..traces.reading.files import TraceReadError
 
     filters = _tracedir.filters_from_args(parser, args)
@@ -71,20 +67,5 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"skipped {path}: {reason}", file=sys.stderr)
     print(f"merged {len(result.tracks)} trace(s), {result.events} events, into {result.path}")
     if clocks is not None:
-        print(safe_text(_describe_clocks(result.clocks, clocks.folder)))
+        print(safe_text(describe_clocks(result.clocks, clocks.folder)))
     return _tracedir.EXIT_OK
-
-
-def _describe_clocks(clocks: Sequence[TraceClock], folder: str) -> str:
-    """One line: how many tracks were moved onto the job's clock, within what, and why not the rest."""
-    aligned = [c for c in clocks if c.aligned]
-    text = f"clocks from {folder}: {len(aligned)} of {len(clocks)} trace(s) aligned"
-    if aligned:
-        worst = max(c.bound_s or 0.0 for c in aligned)
-        text += f" (offsets right within {worst * 1000:.3f} ms)"
-    reasons = sorted({c.reason for c in clocks if not c.aligned})
-    if reasons:
-        text += (
-            "; not aligned: " + "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
-        )
-    return text

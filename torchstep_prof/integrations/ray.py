@@ -6,9 +6,10 @@ returns, so each call bounds the two processes' clock offset.
 Ray actors often share no torch.distributed group, so ``tsp.clock_anchor`` cannot align them;
 a call between two of them can. Note the caller's side with :func:`submit` and :func:`get`, and
 the task's with :func:`anchored` on the remote function or actor method; each process logs its
-side in its span log (``tsp.spans``), keyed by Ray's task id, and ``torchstep-prof timeline``
-pairs them (docs/timeline.md, "One clock"). With spans off they are ``.remote(...)``,
-``ray.get`` and the plain method.
+side in its span log (``tsp.spans``), keyed by Ray's task id, and notes it for the next trace it
+writes (:func:`~torchstep_prof.timeline.wall_clock.note_ray`, spans on or off: a job traced
+without a span log aligns its actors too); ``torchstep-prof timeline`` pairs them
+(docs/timeline.md, "One clock").
 
 >>> import ray                                                    # doctest: +SKIP
 >>> from torchstep_prof.integrations import ray as tsp_ray         # doctest: +SKIP
@@ -29,6 +30,7 @@ import ray
 
 from .._wrapping import around_each_call
 from ..region_metrics import recorder as _recorder
+from ..timeline.wall_clock import note_ray
 
 __all__ = ["anchored", "get", "submit"]
 
@@ -45,11 +47,10 @@ def submit(method: Any, *args: Any, **kwargs: Any) -> Any:
     """
     before = _perf()
     refs = method.remote(*args, **kwargs)
-    if _recorder._SPANS_ON:
-        for ref in _refs(refs):
-            task = ref.task_id().hex()
-            _recorder.record_ray("submitted", task, before, before)
-            _remember(ref.binary(), task)
+    for ref in _refs(refs):
+        task = ref.task_id().hex()
+        _note("submitted", task, before, before)
+        _remember(ref.binary(), task)
     return refs
 
 
@@ -68,7 +69,7 @@ def get(refs: Any, *, timeout: Optional[float] = None) -> Any:
         for ref in _refs(refs):
             task = _SUBMITTED.pop(ref.binary(), None)
             if task is not None:
-                _recorder.record_ray("returned", task, after, after)
+                _note("returned", task, after, after)
     return values
 
 
@@ -103,15 +104,19 @@ class _Ran:
         self.start = _perf()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        _recorder.record_ray("ran", self.task, self.start, _perf())
+        _note("ran", self.task, self.start, _perf())
 
 
 _NOTHING = contextlib.nullcontext()  # shared: it holds nothing
 
 
+def _note(what: str, task: str, start: float, end: float) -> None:
+    """One side of a call: into the span log when it is on, and for the next trace either way."""
+    _recorder.record_ray(what, task, start, end)
+    note_ray(what, task, start, end)
+
+
 def _task_run() -> Any:
-    if not _recorder._SPANS_ON:
-        return _NOTHING
     try:
         task = ray.get_runtime_context().get_task_id()
     except Exception:  # not in a task (called directly, in the driver): nothing to pair

@@ -211,7 +211,7 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
                     record.get("anchors", ()),
                     _text(record.get("thread", "?")),
                 )
-                line_ray = [RayCall(_text(t), _what(w), _time(a), _time(b)) for t, w, a, b in record.get("ray", ())]
+                line_ray = parse_ray(record.get("ray", ()))
                 spans += line_spans
                 steps += line_steps
                 anchors += line_anchors
@@ -262,6 +262,12 @@ def parse_items(spans: Any, steps: Any, anchors: Any, thread: str) -> tuple[list
     blocks = [StepBlock(_int(n), _time(a), _time(b), thread) for n, a, b in steps]
     passed = [Anchor(_text(n), _int(q), _time(a), _time(b)) for n, q, a, b in anchors]
     return made, blocks, passed
+
+
+def parse_ray(items: Any) -> list[RayCall]:
+    """A batch's ``ray`` items (a span file's line, a trace's ``timeline``) checked and made
+    records, all or none: ``[task, "submitted" | "returned" | "ran", start, end]``."""
+    return [RayCall(_text(t), _what(w), _time(a), _time(b)) for t, w, a, b in items]
 
 
 def _text(value: Any) -> str:

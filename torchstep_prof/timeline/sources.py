@@ -26,7 +26,17 @@ from typing import Any, Optional
 import attrs
 
 from ..naming import METADATA_KEY, TRACE_SUFFIXES
-from .reading import MAX_FILES, ProcessSpans, SpanFolder, _int, _text, newest_run, parse_items, read_span_folder
+from .reading import (
+    MAX_FILES,
+    ProcessSpans,
+    SpanFolder,
+    _int,
+    _text,
+    newest_run,
+    parse_items,
+    parse_ray,
+    read_span_folder,
+)
 
 __all__ = ["MAX_HEAD_BYTES", "read_timeline_folder", "read_trace_folder", "trace_files"]
 
@@ -134,13 +144,15 @@ def _merge(merged: dict[tuple[str, int], dict[str, Any]], path: str, timeline: d
     spans, steps, anchors = parse_items(
         timeline["spans"], timeline.get("steps", ()), timeline.get("anchors", ()), "trace"
     )
+    ray = parse_ray(timeline.get("ray", ()))  # traces written before they carried Ray calls have none
     key = (_text(timeline["host"]), _int(timeline["pid"]))
     process = merged.setdefault(
         key,
-        {"path": path, "header": timeline, "spans": set(), "steps": {}, "anchors": set()},
+        {"path": path, "header": timeline, "spans": set(), "steps": {}, "anchors": set(), "ray": set()},
     )
     process["spans"].update(spans)
     process["anchors"].update(anchors)
+    process["ray"].update(ray)
     for block in steps:  # each trace of a step adds to its block: the process's extent in the step
         known = process["steps"].get(block.number)
         process["steps"][block.number] = (
@@ -168,6 +180,7 @@ def _process(merged: dict[str, Any]) -> ProcessSpans:
         spans=tuple(sorted((s for s in merged["spans"] if s.end >= s.start), key=lambda s: s.start)),
         steps=tuple(sorted((b for b in merged["steps"].values() if b.end >= b.start), key=lambda b: b.start)),
         anchors=tuple(sorted((a for a in merged["anchors"] if a.end >= a.start), key=lambda a: (a.name, a.seq))),
+        ray=tuple(sorted((r for r in merged["ray"] if r.end >= r.start), key=lambda r: r.start)),
         ended=True,  # a trace is written once its window closed: no step of it is cut short
         skipped_lines=0,
     )

@@ -14,8 +14,8 @@ The source is what the trace already holds: the region ranges torch recorded (``
 from ``baseTimeNanoseconds``: torch's monotonic clock turned into Unix time with one offset
 taken when its profiler starts, as the span log turns ``perf_counter`` into wall time), the
 ``ProfilerStep#<n>`` range, the spans of other threads and tasks (wall nanoseconds), and the
-clock anchors passed since the process's previous trace (the span log's conversion,
-:func:`~torchstep_prof.timeline.wall_clock.to_wall`).
+clock anchors and the sides of Ray calls noted since the process's previous trace (the span
+log's conversion, :func:`~torchstep_prof.timeline.wall_clock.to_wall`).
 
 The ranges come from the pass :mod:`~torchstep_prof.writing.range_marks` makes over the
 exported file anyway (one search of the file); inserting the key rewrites the head, torch's
@@ -51,6 +51,7 @@ def trace_timeline(
     thread_spans: Collection[tuple[str, int, int, int]],
     anchors: Collection[tuple[str, int, float, float]],
     identity: dict[str, Any],
+    ray: Collection[tuple[str, str, float, float]] = (),
 ) -> Optional[dict[str, Any]]:
     """The ``timeline`` object of the exported trace at ``path``, from the ``ranges``
     :func:`~torchstep_prof.writing.range_marks.mark_region_ranges` found in it: ``labels`` maps
@@ -58,7 +59,9 @@ def trace_timeline(
     step); ``thread_spans`` are other threads' (range name, tid, start ns, end ns); ``anchors``
     (name, seq, start, end) in wall seconds, those passed since the process's previous trace
     (anchors align clocks whatever step they are in: each goes in one trace); ``identity`` the
-    process's host, pid, rank... None when the file has no base time (not as torch writes it)."""
+    process's host, pid, rank...; ``ray`` (task, what, start, end) in wall seconds, the sides of
+    Ray calls noted since the previous trace (``torchstep_prof.integrations.ray``), under ``ray``
+    when there are some. None when the file has no base time (not as torch writes it)."""
     with open(path, "rb") as f:
         head, events_key = read_head(f)
     base = _BASE_TIME.search(head, 0, events_key if events_key >= 0 else len(head))
@@ -79,7 +82,10 @@ def trace_timeline(
         role, stage = labels.get(name) or _split(name)
         spans.append([role, stage, round(start_ns / 1e9, 6), round(end_ns / 1e9, 6), str(tid)])
     kept = [[n, q, round(a, 6), round(b, 6)] for n, q, a, b in anchors]
-    return {"format": FORMAT, **identity, "spans": spans, "steps": steps, "anchors": kept}
+    timeline = {"format": FORMAT, **identity, "spans": spans, "steps": steps, "anchors": kept}
+    if ray:
+        timeline["ray"] = [[task, what, round(a, 6), round(b, 6)] for task, what, a, b in ray]
+    return timeline
 
 
 def _split(name: str) -> tuple[str, str]:

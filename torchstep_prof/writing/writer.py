@@ -78,6 +78,7 @@ class TraceWriter:
         self._cuda_target = 0  # the queue count up to the last job holding CUDA activity
         self._host = host_label()
         self._anchors_until = float("-inf")  # the end of the last clock anchor a trace carries
+        self._ray_until = 0  # the number of the last side of a Ray call a trace carries
         self._unregister = background.add(background.WRITES, self.flush)
 
     # --- public -------------------------------------------------------------------------------
@@ -331,9 +332,9 @@ class TraceWriter:
     def _add_timeline(self, trace: StoppedTrace, raw_path: str, ranges: list[Range], work_path: str) -> None:
         """Put the process's spans for the trace's window in its ``torchstep_prof`` key, for
         ``torchstep-prof timeline`` (writing/trace_timeline.py), with the clock anchors passed
-        since the previous trace. Extra: a trace whose spans cannot be read or added is written
+        and the sides of Ray calls noted since the previous trace. Extra: a trace whose spans cannot be read or added is written
         without them."""
-        from ..timeline.wall_clock import recent_anchors
+        from ..timeline.wall_clock import recent_anchors, recent_ray
         from ..topology import current_topology
 
         names = list(RANGE_NAMES.items())  # the training thread may add pairs meanwhile
@@ -341,12 +342,15 @@ class TraceWriter:
         if trace.owner_range is not None and trace.owner_range not in labels:
             labels[trace.owner_range] = (trace.name.role, trace.name.stage)
         anchors = [a for a in recent_anchors() if a[3] > self._anchors_until]
+        ray, ray_until = recent_ray(after=self._ray_until)
         n = trace.name
         try:
             identity = process_identity(n.rank, n.world_size, current_topology().local_rank, trace.process_role)
-            timeline = trace_timeline(raw_path, ranges, labels, list(trace.spans.spans), anchors, identity)
-            if timeline is not None and embed_timeline(raw_path, work_path, timeline) and anchors:
-                self._anchors_until = max(a[3] for a in anchors)
+            timeline = trace_timeline(raw_path, ranges, labels, list(trace.spans.spans), anchors, identity, ray)
+            if timeline is not None and embed_timeline(raw_path, work_path, timeline):
+                if anchors:
+                    self._anchors_until = max(a[3] for a in anchors)
+                self._ray_until = ray_until
         except (OSError, ValueError):
             remove(work_path)
 

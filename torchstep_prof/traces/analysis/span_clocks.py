@@ -27,6 +27,7 @@ __all__ = [
     "SPAN_SUBFOLDER",
     "JobClocks",
     "TraceClock",
+    "describe_clocks",
     "find_span_folder",
     "foreign_span_files",
     "holds_span_files",
@@ -122,6 +123,25 @@ class JobClocks:
 def job_clocks(ledger: Ledger, folder: str) -> JobClocks:
     """The clocks of the span processes of ``ledger`` (built from ``folder``)."""
     return JobClocks(folder=folder, reference=ledger.reference, processes=ledger.processes)
+
+
+def describe_clocks(clocks: Sequence[TraceClock], folder: str) -> str:
+    """One line: how many traces were moved onto the job's clock, within what, and why not the rest.
+
+    >>> describe_clocks([TraceClock(aligned=True, bound_s=0.0002), TraceClock(aligned=False, reason="why")], "spans")
+    'clocks from spans: 1 of 2 trace(s) aligned (offsets right within 0.200 ms); not aligned: why'
+    """
+    aligned = [c for c in clocks if c.aligned]
+    text = f"clocks from {folder}: {len(aligned)} of {len(clocks)} trace(s) aligned"
+    if aligned:
+        worst = max(c.bound_s or 0.0 for c in aligned)
+        text += f" (offsets right within {worst * 1000:.3f} ms)"
+    reasons = sorted({c.reason for c in clocks if not c.aligned})
+    if reasons:
+        text += (
+            "; not aligned: " + "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
+        )
+    return text
 
 
 def _same_process(process: ProcessInfo, pid: Optional[int], rank: int) -> bool:

@@ -4,7 +4,10 @@ One row per process (as the timeline names it: role and rank), on one clock: its
 bars, each idle gap shaded and labelled with what it waited for, and the critical path drawn as
 a line through the regions on it; the ledger's verdict lines come first. Only the slowest
 :data:`GANTT_STEPS` steps are drawn, so that a run of thousands of steps keeps a small page;
-``torchstep-prof timeline`` prints any other. Every name comes from span files anyone may write:
+``torchstep-prof timeline`` prints any other. A chart holds at most :data:`GANTT_ROWS` processes
+(those on the step's critical path and its long tails first, then the others in order), so
+that a job of hundreds of processes keeps charts of a readable height; the page says how many
+are left out, and ``timeline`` lists them all. Every name comes from span files anyone may write:
 each goes through ``rendering.safe_text`` and is escaped for the page (:mod:`.text`).
 """
 
@@ -20,10 +23,12 @@ from .content import Report
 from .steps import COLORS
 from .text import escape, label_margin
 
-__all__ = ["GANTT_STEPS", "gantt_figure", "gantt_section", "gap_label", "steps_drawn"]
+__all__ = ["GANTT_ROWS", "GANTT_STEPS", "gantt_figure", "gantt_section", "gap_label", "rows_drawn", "steps_drawn"]
 
 GANTT_STEPS = 3
-"""Steps drawn as a Gantt: the slowest ones (each chart holds every process)."""
+"""Steps drawn as a Gantt: the slowest ones."""
+GANTT_ROWS = 48
+"""Processes drawn in one step's Gantt, at most (:func:`rows_drawn` says which)."""
 IDLE = "#E6E6E6"
 IDLE_TEXT = "#444444"
 PATH = "#111111"
@@ -72,6 +77,14 @@ def gantt_section(report: Report, chart: Chart, layout: Callable[..., dict]) -> 
     for step in drawn:
         out.append(f'<div class="card gantt" id="timeline-step-{step.number}"><h3>{_e(step.verdict)}</h3>')
         out.append(chart(gantt_figure(step, layout, unaligned=_unaligned(names)), "gantt"))
+        left_out = len(step.processes) - len(rows_drawn(step))
+        if left_out:
+            out.append(
+                f'<p class="meta rows-left-out">{len(step.processes) - left_out} of {len(step.processes)} processes '
+                f"drawn (those on the critical path and the long tails first, then the others in order); "
+                f"{left_out} not drawn. <code>torchstep-prof timeline {_e(folder)} --step {step.number}</code> "
+                "lists them all.</p>"
+            )
         if step.critical_path:
             path = " → ".join(f"{e.region} ({e.process}, {format_seconds(e.seconds)})" for e in step.critical_path)
             out.append(f'<p class="meta path">critical path: {_e(path)}</p>')
@@ -137,15 +150,15 @@ def _stated_gaps(p: ProcessStep) -> list[Gap]:
 def gantt_figure(
     step: StepLedger, layout: Callable[..., dict], *, unaligned: AbstractSet[str] = frozenset()
 ) -> dict[str, Any]:
-    """A plotly figure of one step: a row per process, first on top (plain data, text not yet escaped)."""
-    rows = {
-        p.process: safe_text(p.process) + (" (not aligned)" if p.process in unaligned else "") for p in step.processes
-    }
+    """A plotly figure of one step: a row per process drawn (:func:`rows_drawn`), first on top
+    (plain data, text not yet escaped)."""
+    drawn = rows_drawn(step)
+    rows = {p.process: safe_text(p.process) + (" (not aligned)" if p.process in unaligned else "") for p in drawn}
     labels = list(rows.values())
-    regions = sorted({label for p in step.processes for label, _, _ in p.bars})
+    regions = sorted({label for p in drawn for label, _, _ in p.bars})
     colors = {label: COLORS[i % len(COLORS)] for i, label in enumerate(regions)}
     data: list[dict[str, Any]] = []
-    idle = [(rows[p.process], g) for p in step.processes for g in _stated_gaps(p)]
+    idle = [(rows[p.process], g) for p in drawn for g in _stated_gaps(p)]
     if idle:
         data.append(
             {
@@ -165,7 +178,7 @@ def gantt_figure(
             }
         )
     for region in regions:
-        placed = [(rows[p.process], a, b) for p in step.processes for label, a, b in p.bars if label == region]
+        placed = [(rows[p.process], a, b) for p in drawn for label, a, b in p.bars if label == region]
         data.append(
             {
                 "type": "bar",
@@ -216,3 +229,16 @@ def _ms(seconds: float) -> float:
 def steps_drawn(steps: Sequence[StepLedger]) -> list[StepLedger]:
     """The steps given a Gantt: the slowest :data:`GANTT_STEPS`, slowest first."""
     return sorted(steps, key=lambda s: -s.seconds)[:GANTT_STEPS]
+
+
+def rows_drawn(step: StepLedger) -> list[ProcessStep]:
+    """The processes one step's Gantt draws, in the ledger's order: every one up to
+    :data:`GANTT_ROWS`; past it, those on the critical path and the long tails first, then the
+    others in order, up to :data:`GANTT_ROWS`."""
+    if len(step.processes) <= GANTT_ROWS:
+        return list(step.processes)
+    first = {e.process for e in step.critical_path} | {t.process for t in step.long_tails}
+    kept = [p.process for p in step.processes if p.process in first][:GANTT_ROWS]
+    kept += [p.process for p in step.processes if p.process not in first][: GANTT_ROWS - len(kept)]
+    chosen = set(kept)
+    return [p for p in step.processes if p.process in chosen]

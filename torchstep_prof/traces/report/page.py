@@ -13,13 +13,17 @@ import os
 import statistics
 from typing import Any, Sequence
 
+import attrs
+
 from ..analysis.collectives import describe_waits
 from ..analysis.findings import describe_finding
-from .content import Report
+from ..analysis.span_clocks import JobClocks, TraceClock, describe_clocks, job_clocks
+from .content import Report, TimelineBar
 from .diagnosis import baseline_section, memory_section, waits_section
 from .gantt import gantt_section
 from .steps import region_colors, steps_section, timeline_figure
 from .template import PAGE, SCRIPT, STYLE
+from ...rendering import safe_text
 from .text import axis_labels, chart_text, escape as _e, label_margin, script_json
 from ..analysis.runs import OtherRun
 from ..analysis.summarize import STRAGGLER_MIN_MS, GroupSummary
@@ -91,8 +95,10 @@ def render_page(report: Report, plotlyjs: str) -> str:
 
 
 def _rank_sections(report: Report, chart: Any) -> list[str]:
-    """Per step: its timeline, a row per rank and process, and a card per group."""
+    """Per step: its timeline, a row per rank and process (on the job's clock when the span
+    files give each process's offset, as ``merge`` moves them), and a card per group."""
     colors = region_colors(report.bars)
+    clocks = job_clocks(report.timeline, report.spans or "?") if report.timeline is not None else None
     out = []
     for step in sorted({g.step for g in report.summary.groups}):
         bars = [b for b in report.bars if b.step == step]
@@ -101,7 +107,18 @@ def _rank_sections(report: Report, chart: Any) -> list[str]:
             (_row_label(*key), [b for b in bars if (b.rank, b.pid if b.pid is not None else -1) == key]) for key in keys
         ]
         out.append(f'<section class="step" id="step-{step}"><h2>Step {step}</h2>')
+        if clocks is not None:
+            moved = [_on_job_clock(row, clocks) for _, row in rows]
+            rows = [(label, row) for (label, _), (row, _) in zip(rows, moved)]
+            traces = [clock for row, clock in moved for _ in {b.file for b in row}]
+            words = f"Each rank moved onto one clock, {clocks.reference}'s: {describe_clocks(traces, clocks.folder)}."
+        else:
+            words = (
+                "Each trace on its own host's wall clock: the clocks are unaligned (hosts may disagree by "
+                "milliseconds or more); the job's span files (--spans) put every rank on one clock."
+            )
         out.append(chart(timeline_figure(rows, colors, own_clock=False, layout=_layout), "timeline"))
+        out.append(f'<p class="meta clocks">{_e(safe_text(words))}</p>')
         out.append('<div class="grid">')
         for group in (g for g in report.summary.groups if g.step == step):
             out.append(
@@ -312,6 +329,16 @@ def _rank_labels(group: GroupSummary) -> list[str]:
             label += f" pid {pid}" if pid is not None else f" {os.path.basename(r.file)}"
         labels.append(label)
     return labels
+
+
+def _on_job_clock(row: Sequence[TimelineBar], clocks: JobClocks) -> tuple[list[TimelineBar], TraceClock]:
+    """One rank's bars moved back by its process's clock offset (kept where it has none), and its clock."""
+    first = row[0]
+    clock = clocks.clock_of(pid=first.pid, rank=first.rank)
+    if not clock.aligned:
+        return list(row), clock
+    shift = round(clock.offset_s * 1e9)
+    return [attrs.evolve(b, start_ns=b.start_ns - shift) for b in row], clock
 
 
 def _row_label(rank: int, pid: int) -> str:
