@@ -214,6 +214,13 @@ def _screened(frame: Frame, role: str, stage: str, step: Optional[int]) -> Regio
                 inner = _IDLE_REGION  # the step block's cached no
             else:
                 inner = _decided(frame, role, stage, _step_of(frame, role, stage, step))
+    return timed_and_shown(frame, role, stage, inner)
+
+
+def timed_and_shown(frame: Frame, role: str, stage: str, inner: Region = _IDLE_REGION) -> Region:
+    """``inner`` (a range, a trace of its own, or nothing) as ``frame`` wants every region:
+    timed when spans or metrics are on, shown while open when live status is on. The zero-code
+    runner's ``--region`` forwards outside a recorded step are ``timed_and_shown(frame, role, stage)``."""
     if frame.metrics is not None:
         inner = _Timed((role, stage, _perf())) if inner is _IDLE_REGION else _TimedInner(role, stage, inner)
     if frame.live:  # live status (a stall section or an on-demand folder): shown while open

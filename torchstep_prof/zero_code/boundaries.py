@@ -33,7 +33,7 @@ from ..triggers.watcher import ON_DEMAND as _ON_DEMAND
 from ..live.reporter import LIVE as _LIVE
 from ..region_metrics import recorder as _recorder
 from ..summary.records import STORE
-from ..regions import profile_region, step
+from ..regions import profile_region, step, timed_and_shown
 from ..selection.frames import Frame
 from ..selection.rules import StepAction
 from ..selection.step_meaning import RunCounting, counting_run
@@ -335,7 +335,7 @@ class StepDriver:
         if self._open_step is None:
             # Spans or metrics on, no step recording: timed only. Not profile_region, whose rule
             # could start a trace of the region's own in a step this driver chose not to record.
-            stack.enter_context(_timed_region(self.frame, region.role, region.stage))
+            stack.enter_context(timed_and_shown(self.frame, region.role, region.stage))
             self._open_regions.append((module, stack))
             return
         self._watch.ignoring = True
@@ -365,15 +365,6 @@ class StepDriver:
             if not self._failed:
                 self._failed = True
                 warn(f"torchstep_prof run: profiling a step failed ({exc!r}); training goes on", TorchstepProfWarning)
-
-
-def _timed_region(frame: Frame, role: str, stage: str) -> Any:
-    """What ``profile_region`` makes of a region outside any trace with spans or metrics on:
-    timed (its span, its duration), and shown by the live status when that is on."""
-    from ..live.open_regions import OpenRegion
-
-    timed = _recorder.TimedRegion((role, stage, _recorder._perf()))
-    return OpenRegion(role, stage, timed) if frame.live else timed
 
 
 def _install_source(step_on: StepOn, on_boundary: Callable[[], None], owner: int,
