@@ -38,7 +38,9 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 def job(tmp_path_factory) -> Path:
     """The job's folder: traces of steps 1-3, span files of steps 0-3 in ``spans/``."""
     folder = tmp_path_factory.mktemp("job")
-    run_torchrun(WORKERS / "gantt_worker.py", 2, [str(folder / "out"), "4", "1", "0.4"], log_dir=folder).check()
+    out = folder / "out"  # traces of steps 1-3 in OUT, span files in OUT/spans
+    arguments = [str(out / "spans"), "4", "1", "0.4", str(out), "1", "2", "3"]
+    run_torchrun(WORKERS / "timeline_worker.py", 2, arguments, log_dir=folder).check()
     return folder / "out"
 
 

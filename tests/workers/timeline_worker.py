@@ -1,4 +1,4 @@
-"""Worker of tests/test_timeline.py: two roles colocated in each rank (actor and ref), one rank's
+"""Worker of tests/test_timeline.py and tests/test_report_timeline.py: two roles colocated in each rank (actor and ref), one rank's
 ref slower by EXTRA_S each step, clock anchors after ref and at each step's end.
 
     torchrun --nproc_per_node=2 timeline_worker.py SPANS_DIR STEPS SLOW_RANK EXTRA_S [TRACE_DIR STEP...]
