@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -140,19 +141,23 @@ def test_a_torchrun_job_with_colocated_roles_names_the_slow_rank_and_what_the_ot
     assert sorted(p["name"] for p in ledger["processes"]) == ["actor+ref rank 0", "actor+ref rank 1"]
     assert all(p["bound_s"] < 0.05 for p in ledger["processes"])
     assert [s["number"] for s in ledger["steps"]] == list(range(6))
+    waited, idle_more = [], []
     for step in ledger["steps"][1:]:  # step 0 holds the ranks' start-up skew
         rows = {p["process"]: p for p in step["processes"]}
         fast, slow = rows["actor+ref rank 0"], rows["actor+ref rank 1"]
         waits = [g for g in fast["gaps"] if g["waited_for"] == "ref/compute_log_prob"]
         assert waits and waits[0]["waited_process"] == "actor+ref rank 1"
-        assert 0.25 < waits[0]["seconds"] < 0.6
-        assert fast["idle_s"] - slow["idle_s"] == pytest.approx(0.3, abs=0.1)
+        waited.append(waits[0]["seconds"])
+        idle_more.append(fast["idle_s"] - slow["idle_s"])
         tail = step["long_tails"][0]
         assert (tail["region"], tail["process"]) == ("ref/compute_log_prob", "actor+ref rank 1")
         path = [(e["region"], e["process"]) for e in step["critical_path"]]
         assert ("ref/compute_log_prob", "actor+ref rank 1") in path
         assert path.index(("ref/compute_log_prob", "actor+ref rank 1")) < len(path) - 1  # something came after it
         assert "waiting for ref/compute_log_prob" in step["verdict"]
+    # The times, over the steps: one step of a loaded machine may oversleep; the rank's extra 0.3 s may not vanish.
+    assert 0.25 < statistics.median(waited) < 0.6, waited
+    assert statistics.median(idle_more) == pytest.approx(0.3, abs=0.1), idle_more
 
 
 def test_a_clock_shifted_by_two_seconds_is_recovered_within_its_bound(colocated_job, tmp_path, capsys):
