@@ -18,7 +18,11 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchstep_prof.config.model import ProfilerConfig, ScheduleConfig
+import itertools
+
+import pytest
+
+from torchstep_prof.config.model import MetricsConfig, ProfilerConfig, ScheduleConfig, SpansConfig, StallConfig
 from torchstep_prof.selection.frames import Frame, HookScope
 from torchstep_prof.selection.rules import (
     NO_END,
@@ -178,3 +182,25 @@ def test_the_rule_modules_run_without_torch():
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert " passed" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "enable, scheduled, metrics, spans, stall", list(itertools.product([True, False], repeat=5))
+)
+def test_a_frames_flags_say_what_its_regions_do_with_one_attribute(enable, scheduled, metrics, spans, stall):
+    """quiet: nothing at all; timed_only: timed and nothing else (no schedule, no live status);
+    screened: timed or shown live, so a region takes the path that checks both."""
+    config = ProfilerConfig(
+        enable=enable,
+        schedule=ScheduleConfig(steps=(3,)) if scheduled else None,
+        metrics=MetricsConfig(port=0) if metrics else None,
+        spans=SpansConfig(dir="spans") if spans else None,
+        stall=StallConfig(dir="stall") if stall else None,
+    )
+    frame = Frame(config, None)
+    timed = metrics or spans
+    live = enable and stall
+    nothing_to_profile = not (enable and scheduled)
+    assert frame.quiet == (nothing_to_profile and not timed and not live)
+    assert frame.timed_only == (nothing_to_profile and timed and not live)
+    assert frame.screened == (timed or live)
