@@ -10,17 +10,15 @@ made unimportable.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import itertools
-
-import pytest
 
 from torchstep_prof.config.model import MetricsConfig, ProfilerConfig, ScheduleConfig, SpansConfig, StallConfig
 from torchstep_prof.selection.frames import Frame, HookScope
