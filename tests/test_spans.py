@@ -107,6 +107,54 @@ def test_spans_with_metrics_on_keep_the_metrics(tmp_path):
     assert len(process.spans) == 4 and len(process.steps) == 4
 
 
+def test_threads_recording_while_both_readers_drain_lose_and_split_no_span(tmp_path):
+    # Each region's exit appends its span while the readers (the span log's write, the metrics'
+    # fold, a scrape) take batches from the same lists, as fast as they can: every span must
+    # reach both, whole (a batch cut mid-span would shift every later label and time).
+    result = run_script(
+        """
+        import threading
+        import torchstep_prof as tsp
+        from torchstep_prof.region_metrics import recorder
+        from torchstep_prof.timeline import span_log
+
+        done = threading.Event()
+
+        def read():
+            while not done.is_set():
+                span_log.flush_spans()
+                recorder.snapshot()
+
+        def work(k):
+            for i in range(20000):
+                with tsp.profile_region(f"role{k}", "stage"):
+                    pass
+
+        with tsp.configure(summary=False), tsp.spans("spans"), tsp.metrics(port=0, addr="127.0.0.1"):
+            reader = threading.Thread(target=read)
+            reader.start()
+            workers = [threading.Thread(target=tsp.spans("spans")(tsp.metrics(port=0, addr="127.0.0.1")(work)), args=(k,)) for k in range(4)]
+            for t in workers:
+                t.start()
+            for t in workers:
+                t.join()
+            done.set()
+            reader.join()
+        stats = recorder.snapshot()
+        print(*(stats[(f"role{k}", "stage")].count for k in range(4)))
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["20000"] * 4
+    (process,) = read_span_folder(str(tmp_path / "spans")).processes
+    by_role = {}
+    for span in process.spans:
+        assert span.stage == "stage" and span.start <= span.end, span
+        by_role[span.role] = by_role.get(span.role, 0) + 1
+    assert by_role == {f"role{k}": 20000 for k in range(4)}
+
+
 def test_a_killed_process_keeps_its_finished_steps_and_the_ledger_marks_its_last_one_incomplete(tmp_path):
     spans = tmp_path / "spans"
     code = textwrap.dedent(
