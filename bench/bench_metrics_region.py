@@ -4,8 +4,10 @@ Targets, each timed side by side with its baseline (a bare class-based context m
 ``with``) in the same run:
 
 - metrics on, no schedule: ``with tsp.profile_region(...)`` within 2.5x of the bare manager, and a
-  ``@tsp.profiled`` call within 2.5x of the same function called inside it;
-- metrics on, a schedule in force and the step not selected (inside ``step(n)``): within 2.5x;
+  ``@tsp.profiled`` call within 3x of the same function called inside it (the decorator's
+  wrapper is a Python frame more, and it calls the function with ``*args, **kwargs``);
+- metrics on, a schedule in force and the step not selected (inside ``step(n)``): within 3x
+  (the region reads the step block's answer from its context variable first);
 - spans on (``tsp.spans``, the span log of docs/timeline.md), no schedule: within 2.5x, and
   spans and metrics both on: within 2.5x (a region hands its start and end to the one reader
   either way, one append);
@@ -28,6 +30,7 @@ from _timing import Report, interleave, loop, ratio_target, stat  # noqa: E402
 from bench_idle_region import Bare, plain  # noqa: E402  (the same baselines, side by side)
 
 LIMIT_ON = 2.5
+LIMIT_ON_WRAPPED = 3.0  # @profiled, and a region that reads its step block's answer
 LIMIT_SPANS = 2.5
 LIMIT_OFF = 2.0
 NEVER = 10**9
@@ -74,7 +77,9 @@ def run(quick: bool = False) -> Report:
         "profiled": emptied_first(loop("update()", number, ns)),
     }
 
-    def measure(case: str, limit: float, what: str, profiled: bool = True, region: Any = None) -> None:
+    def measure(
+        case: str, limit: float, what: str, profiled: bool = True, region: Any = None, wrapped_limit: float = 0.0
+    ) -> None:
         chosen = samplers if profiled else {k: samplers[k] for k in ("bare", "region")}
         if region is not None:
             chosen = {**chosen, "region": region}
@@ -92,7 +97,7 @@ def run(quick: bool = False) -> Report:
                     f"{case}_profiled",
                     samples["call_in_bare"],
                     samples["profiled"],
-                    limit,
+                    wrapped_limit or limit,
                     f"@profiled call vs call in bare cm, {what}",
                 )
             )
@@ -117,7 +122,7 @@ def run(quick: bool = False) -> Report:
             with tsp.profile_region("actor", "update"):
                 pass
             update()
-        measure("metrics_on_no_schedule", LIMIT_ON, "metrics on, no schedule")
+        measure("metrics_on_no_schedule", LIMIT_ON, "metrics on, no schedule", wrapped_limit=LIMIT_ON_WRAPPED)
         with tsp.schedule(steps=[NEVER]):
             for n in (1, 2):
                 with tsp.step(n), tsp.profile_region("actor", "update"):
@@ -125,7 +130,7 @@ def run(quick: bool = False) -> Report:
             with tsp.step(3):
                 measure(
                     "metrics_on_step_not_selected",
-                    LIMIT_ON,
+                    LIMIT_ON_WRAPPED,
                     "metrics on, schedule in force, step not selected",
                     profiled=False,
                 )

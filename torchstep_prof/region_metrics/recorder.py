@@ -117,9 +117,9 @@ class TimedRegion(tuple):  # type: ignore[type-arg]
 
     __slots__ = ()
     # A C callable, as _IdleRegion's __exit__ (regions.py): no Python frame on entry. ``as``
-    # gets "" (a not-profiled region has nothing to offer there); ``str()`` is a little cheaper
-    # than ``"".format()``.
-    __enter__ = staticmethod(str)
+    # gets () (a not-profiled region has nothing to offer there): ``tuple`` is vectorcalled,
+    # ~9 ns cheaper than ``str`` or ``"".format``.
+    __enter__ = staticmethod(tuple)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
