@@ -17,6 +17,7 @@ import attrs
 from ...rendering import format_ms, safe_text, wrap_label
 from .runs import OtherRun
 from ..reading.collective_calls import CollectiveCall
+from ..reading.events import ranked_ops
 from ..reading.files import OpTime, TraceInfo, Unreadable
 from ..reading.memory_events import MemoryUse
 
@@ -212,8 +213,7 @@ def _mean_ops(infos: Sequence[TraceInfo], top: int) -> Tuple[OpTime, ...]:
     for info in infos:
         for op in info.top_ops:
             totals[op.name] = totals.get(op.name, 0.0) + op.self_ms
-    ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:top]
-    return tuple(OpTime(name=name, self_ms=ms / len(infos)) for name, ms in ranked)
+    return ranked_ops(totals, top, divisor=len(infos))
 
 
 def summary_to_dict(summary: Summary) -> dict[str, Any]:

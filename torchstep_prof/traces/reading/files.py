@@ -128,16 +128,14 @@ class TraceFilter:
         """
         if isinstance(trace, TraceInfo):
             roles = {trace.role, *trace.roles} if trace.fused else {trace.role}
-            pid = trace.pid
         else:
             roles = {trace.role} if trace.stage != FUSED_STAGE else set(self.roles)
-            pid = trace.pid
         return (
             (not self.roles or not roles.isdisjoint(self.roles))
             and (not self.stages or trace.stage in self.stages)
             and (not self.steps or trace.step in self.steps)
             and (not self.ranks or trace.rank in self.ranks)
-            and (not self.pids or pid in self.pids)
+            and (not self.pids or trace.pid in self.pids)
         )
 
 
@@ -182,7 +180,7 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
     roles: Tuple[str, ...] = (fields["role"],)
     if fields["fused"]:
         ranges = region_ranges(events)
-        roles = _unique(_label(r.name.split("/", 1)[0]) for r in ranges) or roles
+        roles = tuple(dict.fromkeys(role for r in ranges if (role := _label(r.name.split("/", 1)[0])))) or roles
         fused = read_fused_regions(trace, ranges, start_us, wall_ms, top, _label)
     return TraceInfo(
         path=path,
@@ -200,10 +198,6 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
         memory=read_memory(events),
         gpu_ms=None if start_us is None else gpu_busy_ms(events, start_us, start_us + wall_ms * 1000.0),
     )
-
-
-def _unique(values: Iterable[str | None]) -> Tuple[str, ...]:
-    return tuple(dict.fromkeys(v for v in values if v))
 
 
 MAX_EPOCH_NS = 10**20
@@ -249,24 +243,20 @@ def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
     dist = trace.get("distributedInfo")
     dist = dist if isinstance(dist, dict) else {}
 
-    def pick(key: str, name_value: Any, dist_key: str | None = None) -> Any:
-        value = meta.get(key)
-        if key in ("role", "stage"):
-            value = _label(value)
-        else:
-            value = _int(value)
+    def pick(key: str, name_value: Any, in_dist: bool = False) -> Any:
+        value = _label(meta.get(key)) if key in ("role", "stage") else _int(meta.get(key))
         if value is None:
             value = name_value
-        if value is None and dist_key is not None:
-            value = _int(dist.get(dist_key))
+        if value is None and in_dist:
+            value = _int(dist.get(key))
         return value
 
     fields = {
         "role": pick("role", name and name.role),
         "stage": pick("stage", name and name.stage),
         "step": pick("step", name and name.step),
-        "rank": pick("rank", name and name.rank, "rank"),
-        "world_size": pick("world_size", name and name.world_size, "world_size"),
+        "rank": pick("rank", name and name.rank, in_dist=True),
+        "world_size": pick("world_size", name and name.world_size, in_dist=True),
         "pid": pick("pid", name and name.pid),
     }
     missing = [key for key in ("role", "stage", "step") if fields[key] is None]

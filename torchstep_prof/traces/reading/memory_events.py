@@ -15,7 +15,7 @@ import attrs
 
 from .events import MAX_TIME_US, is_operator
 
-__all__ = ["MEMORY_EVENT", "MEMORY_TOP_OPS", "MemoryUse", "OpBytes", "device_name", "read_memory"]
+__all__ = ["MEMORY_EVENT", "MEMORY_TOP_OPS", "MemoryUse", "OpBytes", "read_memory"]
 
 MEMORY_EVENT = "[memory]"
 
@@ -45,15 +45,6 @@ class MemoryUse:
     top_ops: Tuple[OpBytes, ...] = ()
 
 
-def device_name(device_type: Any, device_id: Any) -> str:
-    """``cpu``, ``cuda:<id>``, or ``device<type>:<id>`` for another kind."""
-    if device_type == 0:
-        return "cpu"
-    if device_type == 1:
-        return f"cuda:{device_id}"
-    return f"device{device_type}:{device_id}"
-
-
 def read_memory(events: Iterable[Any], top: int = MEMORY_TOP_OPS) -> Tuple[MemoryUse, ...]:
     """Each device's :class:`MemoryUse` in ``events`` (none when the trace has no memory events).
 
@@ -77,7 +68,8 @@ def read_memory(events: Iterable[Any], top: int = MEMORY_TOP_OPS) -> Tuple[Memor
                 continue
             size = args.get("Bytes")
             if type(size) is int:
-                device = device_name(args.get("Device Type"), args.get("Device Id"))
+                kind, index = args.get("Device Type"), args.get("Device Id")
+                device = "cpu" if kind == 0 else f"cuda:{index}" if kind == 1 else f"device{kind}:{index}"
                 threads.setdefault(track, []).append((ts, 1, size, device))
                 memory = True
         elif event.get("ph") == "X" and type(name) is str and is_operator(name, event.get("cat", "")):
