@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Tuple
 import attrs
 
 from ..reading.memory_events import MEMORY_TOP_OPS, OpBytes
-from .summarize import Summary
+from .summarize import Summary, group_fields
 
 __all__ = ["MIB", "RankMemory", "RegionMemory", "describe_memory", "find_memory", "memory_to_dicts"]
 
@@ -87,11 +87,7 @@ def find_memory(summary: Summary, *, top: int = MEMORY_TOP_OPS) -> Tuple[RegionM
             ranked = sorted(ops.items(), key=lambda item: (-item[1][0], item[0]))[:top]
             found.append(
                 RegionMemory(
-                    role=group.role,
-                    stage=group.stage,
-                    step=group.step,
-                    occurrence=group.occurrence,
-                    fused=group.fused,
+                    **group_fields(group),
                     device=device,
                     ranks=tuple(
                         RankMemory(rank=rank, peak_bytes=u.peak_bytes, net_bytes=u.net_bytes) for rank, u in uses
@@ -117,11 +113,7 @@ def memory_to_dicts(memory: Iterable[RegionMemory]) -> list[dict[str, Any]]:
     """
     return [
         {
-            "role": m.role,
-            "stage": m.stage,
-            "step": m.step,
-            "occurrence": m.occurrence,
-            "fused": m.fused,
+            **group_fields(m),
             "device": m.device,
             "peak_bytes": m.peak_bytes,
             "net_bytes": m.net_bytes,

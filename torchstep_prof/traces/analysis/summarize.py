@@ -32,6 +32,7 @@ __all__ = [
     "RankTime",
     "Summary",
     "find_straggler",
+    "group_fields",
     "render_summary",
     "summarize",
     "summary_to_dict",
@@ -99,6 +100,18 @@ class Summary:
     unreadable: Tuple[Unreadable, ...] = ()
     straggler_ratio: float = DEFAULT_STRAGGLER_RATIO
     other_runs: Tuple[OtherRun, ...] = ()
+
+
+def group_fields(record: Any) -> dict[str, Any]:
+    """What names a group, of a :class:`GroupSummary` or a record about one: its role, stage,
+    step, occurrence and whether it is fused (in this order, as the JSON lists them)."""
+    return {
+        "role": record.role,
+        "stage": record.stage,
+        "step": record.step,
+        "occurrence": record.occurrence,
+        "fused": record.fused,
+    }
 
 
 def find_straggler(
@@ -234,11 +247,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
     return {
         "groups": [
             {
-                "role": g.role,
-                "stage": g.stage,
-                "step": g.step,
-                "occurrence": g.occurrence,
-                "fused": g.fused,
+                **group_fields(g),
                 "ranks": [
                     {
                         "rank": r.rank,
