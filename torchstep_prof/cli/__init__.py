@@ -71,7 +71,3 @@ def _reject_unknown(parser: argparse.ArgumentParser, command: str, unknown: list
         close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1) if word.startswith("-") else []
         words.append(f"{word} (did you mean {close[0]}?)" if close else word)
     sub.error(f"unrecognized arguments: {', '.join(words)}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -30,7 +30,6 @@ closed. Precedence: --config, then these options and --set, then the environment
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``run`` subcommand."""
     parser = subparsers.add_parser(
         "run",
         help="profile chosen steps of an unmodified script (python SCRIPT / -m MODULE)",

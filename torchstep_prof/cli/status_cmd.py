@@ -24,7 +24,6 @@ __all__ = ["register", "status"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``status`` subcommand."""
     parser = subparsers.add_parser(
         "status",
         help="where each rank of a running job is (step, region, collective), the rank holding the others first",

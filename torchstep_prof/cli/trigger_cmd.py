@@ -35,7 +35,6 @@ alone makes it) or no running rank polls it, 2 a usage error.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``trigger`` subcommand."""
     from .run_cmd import _int_list, _number
 
     parser = subparsers.add_parser(
