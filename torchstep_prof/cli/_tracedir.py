@@ -64,7 +64,6 @@ def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
         "-j",
         "--jobs",
         type=int_at_least(1),
-        default=None,
         metavar="N",
         help="processes reading traces (default: the CPU cores; 1 reads in this process)",
     )
@@ -80,7 +79,6 @@ def filters_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         return TraceFilter(roles=args.role, stages=args.stage, steps=args.step, ranks=args.rank, pids=args.pid)
     except ValueError as exc:
         parser.error(str(exc))
-        raise  # parser.error exits; this keeps type checkers informed
 
 
 def error(message: str) -> None:

@@ -11,7 +11,6 @@ of raising.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Callable, Iterable, Optional, Tuple
 
@@ -212,25 +211,15 @@ def _base_time(path: str, trace: dict[str, Any]) -> int | None:
     value = trace.get("baseTimeNanoseconds")
     if value is None:
         return None
-    number = _finite(value)
-    if number is None or not 0 <= number <= MAX_EPOCH_NS:
+    # Exact types: a bool is no time. NaN and infinities fail the comparison.
+    if type(value) not in (int, float) or not 0 <= value <= MAX_EPOCH_NS:
         try:
             text = repr(value)
         except ValueError:  # an integer of more digits than Python prints
             text = "a huge integer"
         text = text if len(text) <= 24 else text[:21] + "..."
         raise TraceReadError(f"{path}: absurd baseTimeNanoseconds ({text}): not a time since 1970")
-    return value if isinstance(value, int) else int(number)
-
-
-def _finite(value: Any) -> float | None:
-    """A JSON number that makes sense as a time (finite); None otherwise."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            return float(value) if math.isfinite(value) else None
-        except OverflowError:  # an integer past a float's range
-            return None
-    return None
+    return value if isinstance(value, int) else int(value)
 
 
 def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
