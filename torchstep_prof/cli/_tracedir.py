@@ -37,7 +37,6 @@ def add_folder_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--role``, ``--stage``, ``--step``, ``--rank``, ``--pid``; each may be repeated."""
     group = parser.add_argument_group("filters (each may be repeated; a trace passes any value)")
     group.add_argument("--role", action="append", default=[], metavar="ROLE")
     group.add_argument("--stage", action="append", default=[], metavar="STAGE")
