@@ -39,13 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-            continue  # pragma: no cover - a subcommand module missing from the install
-        module.register(subparsers)
+        importlib.import_module(f"{__name__}.{name}").register(subparsers)
     return parser
 
 
@@ -77,7 +71,3 @@ def _reject_unknown(parser: argparse.ArgumentParser, command: str, unknown: list
         close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1) if word.startswith("-") else []
         words.append(f"{word} (did you mean {close[0]}?)" if close else word)
     sub.error(f"unrecognized arguments: {', '.join(words)}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -9,17 +9,15 @@ import argparse
 import contextlib
 import shlex
 import sys
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, Container, Iterator, Sequence
 
 import attrs
 
 from ..rendering import safe_text
-from ..traces.reading.files import TraceFilter, TraceInfo, Unreadable, find_trace_files, scan_traces
+from ..traces.reading.files import TraceFilter, TraceInfo, Unreadable, find_trace_files
 from ..naming import parse_trace_name
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from ..traces.analysis.runs import OtherRun
 
 PROG = "torchstep-prof"
@@ -39,7 +37,6 @@ def add_folder_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--role``, ``--stage``, ``--step``, ``--rank``, ``--pid``; each may be repeated."""
     group = parser.add_argument_group("filters (each may be repeated; a trace passes any value)")
     group.add_argument("--role", action="append", default=[], metavar="ROLE")
     group.add_argument("--stage", action="append", default=[], metavar="STAGE")
@@ -66,7 +63,6 @@ def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
         "-j",
         "--jobs",
         type=int_at_least(1),
-        default=None,
         metavar="N",
         help="processes reading traces (default: the CPU cores; 1 reads in this process)",
     )
@@ -82,7 +78,6 @@ def filters_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         return TraceFilter(roles=args.role, stages=args.stage, steps=args.step, ranks=args.rank, pids=args.pid)
     except ValueError as exc:
         parser.error(str(exc))
-        raise  # parser.error exits; this keeps type checkers informed
 
 
 def error(message: str) -> None:
@@ -98,16 +93,16 @@ def scan_folder(
     except OSError as exc:
         error(f"cannot read folder {args.directory}: {exc.strerror or exc}")
         return EXIT_USAGE
-    jobs = getattr(args, "jobs", None)
-    if jobs is None and not hasattr(args, "no_cache"):  # a command without --jobs / --no-cache
-        with _progress(len(paths)) as progress:
-            return scan_traces(paths, filters, top=top, progress=progress)
     from ..traces.reading.cache import SummaryCache
     from ..traces.reading.parallel import default_jobs, scan_paths
 
-    cache = None if args.no_cache else SummaryCache.for_folder(args.directory, recursive=args.recursive)
+    # A command without --jobs and --no-cache reads in this process, with no cache.
+    jobs = (args.jobs or default_jobs()) if hasattr(args, "jobs") else 1
+    cache = (
+        None if getattr(args, "no_cache", True) else SummaryCache.for_folder(args.directory, recursive=args.recursive)
+    )
     with _progress(len(paths)) as progress:
-        scanned = scan_paths(paths, filters, top=top, jobs=jobs or default_jobs(), cache=cache, progress=progress)
+        scanned = scan_paths(paths, filters, top=top, jobs=jobs, cache=cache, progress=progress)
     if cache is not None and cache.problem:
         print(f"note: {cache.problem}", file=sys.stderr)
     return scanned
@@ -126,11 +121,10 @@ def _progress(total: int) -> Iterator[Callable[[int, int], None] | None]:
         yield lambda done, _total: bar.update(task, completed=done)
 
 
-def report_unreadable(unreadable: Sequence[Unreadable], stream: TextIO | None = None) -> None:
-    """One line per skipped file, naming it and saying why."""
-    stream = stream or sys.stderr
+def report_unreadable(unreadable: Sequence[Unreadable]) -> None:
+    """One line per skipped file on stderr, naming it and saying why."""
     for item in unreadable:
-        print(f"skipped {safe_text(item.path)}: {safe_text(item.reason)}", file=stream)
+        print(f"skipped {safe_text(item.path)}: {safe_text(item.reason)}", file=sys.stderr)
 
 
 def newest_runs(infos: Sequence[TraceInfo]) -> tuple[list[TraceInfo], tuple[OtherRun, ...]]:
@@ -188,8 +182,7 @@ def _span_folder_here(args: argparse.Namespace) -> str | None:
     DIR or DIR/spans), when it holds span files: a folder with no trace may be a span log."""
     from ..traces.analysis.span_clocks import find_span_folder, holds_span_files
 
-    explicit = getattr(args, "spans", None)
-    folder = explicit if explicit is not None else find_span_folder(args.directory)
+    folder = find_span_folder(args.directory, getattr(args, "spans", None))
     return folder if folder is not None and holds_span_files(folder) else None
 
 
@@ -198,7 +191,7 @@ def _pids_by_name(args: argparse.Namespace, filters: TraceFilter, skipped: set[s
     files aside (no file is opened: this only words an error)."""
     pids: set[int] = set()
     try:
-        paths = find_trace_files(args.directory, recursive=getattr(args, "recursive", False))
+        paths = find_trace_files(args.directory, recursive=args.recursive)
     except OSError:
         return []
     for path in paths:
@@ -213,12 +206,13 @@ def _pids_by_name(args: argparse.Namespace, filters: TraceFilter, skipped: set[s
     return sorted(pids)
 
 
-def output_console() -> Console:
-    """The console tables go to: the terminal's width, else ``COLUMNS``, else 80 (rich's
-    rules); no colour codes unless stdout is a terminal."""
-    from rich.console import Console
-
-    return Console(file=sys.stdout)
+def print_columns(rows: Sequence[Sequence[str]], right: Container[int]) -> None:
+    """``rows`` as aligned columns two spaces apart, the columns in ``right`` (numbers)
+    right-aligned; no line ends with spaces."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = (cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        sys.stdout.write("  ".join(cells).rstrip() + "\n")
 
 
 def add_straggler_argument(parser: argparse.ArgumentParser) -> None:

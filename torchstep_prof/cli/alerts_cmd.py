@@ -83,7 +83,6 @@ _OPTIONS = (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``alerts`` subcommand."""
     parser = subparsers.add_parser(
         "alerts",
         help=HELP,
@@ -167,7 +166,6 @@ def build_rules(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Carry out ``alerts``; returns the exit code."""
     import yaml
 
     del args.func  # not an option

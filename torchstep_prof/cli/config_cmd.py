@@ -16,7 +16,6 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``config`` subcommand."""
     parser = subparsers.add_parser(
         "config",
         help="print the effective config as YAML, or check a config file",
@@ -32,7 +31,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Carry out ``config``; returns the exit code."""
     from ..config.model import ProfilerConfig
     from ..config.files import format_config, load_config
     from ..config.environment import read_environment

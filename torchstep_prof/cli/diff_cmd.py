@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
 
 from . import _tracedir
 from ..rendering import format_ms, safe_text
@@ -77,49 +76,34 @@ def _print_tables(result, top: int) -> None:
 
     print(f"base: {safe_text(result.base)}\ntest: {safe_text(result.test)}\n")
     print("Regions (mean wall ms per trace), largest change first:")
-    _columns(
-        ["region", "base ms", "test ms", "delta ms", "traces"],
+    regions = [
         [
-            [
-                safe_text(r.region),
-                opt(r.base_ms),
-                opt(r.test_ms),
-                f"{r.delta_ms:+.1f}",
-                f"{r.base_traces}/{r.test_traces}",
-            ]
-            for r in result.regions
-        ],  # fmt: skip
-    )
+            safe_text(r.region),
+            opt(r.base_ms),
+            opt(r.test_ms),
+            f"{r.delta_ms:+.1f}",
+            f"{r.base_traces}/{r.test_traces}",
+        ]
+        for r in result.regions
+    ]  # fmt: skip
+    _tracedir.print_columns([["region", "base ms", "test ms", "delta ms", "traces"], *regions], right=range(1, 5))
     shown = result.ops[:top]
     print(f"\nOperators (mean self ms and calls per trace), {len(shown)} of {len(result.ops)}, largest change first:")
-    _columns(
-        ["region", "operator", "base ms", "test ms", "delta ms", "calls", ""],
+    ops = [
         [
-            [
-                safe_text(o.region),
-                safe_text(o.name),
-                format_ms(o.base_ms),
-                format_ms(o.test_ms),
-                f"{o.delta_ms:+.2f}",
-                f"{_count(o.base_count)} -> {_count(o.test_count)}",
-                "" if o.status == "changed" else o.status,
-            ]
-            for o in shown
-        ],  # fmt: skip
-        labels=2,
-    )
+            safe_text(o.region),
+            safe_text(o.name),
+            format_ms(o.base_ms),
+            format_ms(o.test_ms),
+            f"{o.delta_ms:+.2f}",
+            f"{_count(o.base_count)} -> {_count(o.test_count)}",
+            "" if o.status == "changed" else o.status,
+        ]
+        for o in shown
+    ]  # fmt: skip
+    header = ["region", "operator", "base ms", "test ms", "delta ms", "calls", ""]
+    _tracedir.print_columns([header, *ops], right=range(2, 7))
 
 
 def _count(value: float) -> str:
     return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
-
-
-def _columns(header: Sequence[str], rows: Sequence[Sequence[str]], labels: int = 1) -> None:
-    """Aligned columns: the first ``labels`` left-aligned, numbers right-aligned."""
-    cells = [list(header)] + [list(r) for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
-    for line in cells:
-        text = "  ".join(
-            cell.ljust(w) if i < labels else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))
-        )
-        sys.stdout.write(text.rstrip() + "\n")

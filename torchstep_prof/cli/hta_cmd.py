@@ -1,7 +1,6 @@
 """``torchstep-prof hta``: the folder layout HolisticTraceAnalysis reads, one trace per rank.
 
-``torchstep-prof hta DIR --role R --stage S --step N [--occurrence K] -o OUT``: the folder
-layout HolisticTraceAnalysis reads, one trace per rank.
+``torchstep-prof hta DIR --role R --stage S --step N [--occurrence K] -o OUT``.
 
 Occurrence K (default 1) of the region is taken; other occurrences are named as left out, never
 linked as if they were ranks. Fused traces of the step are found by any role they hold
@@ -64,8 +63,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..traces.reading.files import TraceFilter, started_at
 
-    if args.occurrence < 1:
-        parser.error(f"--occurrence must be >= 1 (got {args.occurrence})")
     try:
         filters = TraceFilter(roles=[args.role], stages=[args.stage], steps=[args.step], pids=args.pid)
     except ValueError as exc:

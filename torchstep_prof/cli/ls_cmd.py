@@ -54,7 +54,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _print_columns(rows: Sequence[dict]) -> None:
-    cells = [list(_COLUMNS)] + [
+    cells = [_COLUMNS] + [
         [
             safe_text(row["role"]),
             safe_text(row["stage"]),
@@ -69,10 +69,4 @@ def _print_columns(rows: Sequence[dict]) -> None:
         ]
         for row in rows
     ]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS) - 1)]
-    right = {2, 3, 4, 5, 6, 7, 8}  # numbers
-    for line in cells:
-        padded = [
-            cell.rjust(width) if i in right else cell.ljust(width) for i, (cell, width) in enumerate(zip(line, widths))
-        ]
-        sys.stdout.write("  ".join(padded + [line[-1]]) + "\n")
+    _tracedir.print_columns(cells, right=range(2, 9))  # the numbers

@@ -39,8 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..traces.analysis.merge import merge_traces
-    from ..traces.analysis.span_clocks import describe_clocks, job_clocks
-    from ..traces.reading.files import TraceReadError
+    from ..traces.analysis.span_clocks import JobClocks, describe_clocks
 
     filters = _tracedir.filters_from_args(parser, args)
     infos = _tracedir.usable_traces(args, filters)
@@ -49,17 +48,16 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     spans = _spans.load_ledger(args)
     if isinstance(spans, int):
         return spans
+    clocks = None
     if spans is not None:
+        folder, ledger = spans
         _spans.warn_if_foreign(spans, infos)
-    clocks = job_clocks(spans[1], spans[0]) if spans is not None else None
+        clocks = JobClocks(folder=folder, reference=ledger.reference, processes=ledger.processes)
     try:
         result = merge_traces(infos, args.output, skip_bad=True, clocks=clocks)
     except ValueError as exc:  # every input changed since it was scanned
         _tracedir.error(f"merge failed: {exc}")
         return _tracedir.EXIT_NO_TRACE
-    except TraceReadError as exc:  # pragma: no cover - skip_bad names such inputs instead
-        _tracedir.error(f"merge failed: {exc}")
-        return _tracedir.EXIT_FAILED
     except OSError as exc:
         _tracedir.error(f"cannot write {args.output}: {exc.strerror or exc}")
         return _tracedir.EXIT_FAILED

@@ -111,7 +111,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def _filter_words(args: argparse.Namespace) -> list[str]:
     words = []
     for name in ("role", "stage", "step", "rank", "pid"):
-        for value in getattr(args, name, None) or ():
+        for value in getattr(args, name):
             words.append(f"--{name} {value}")
     return words
 

@@ -30,7 +30,6 @@ closed. Precedence: --config, then these options and --set, then the environment
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``run`` subcommand."""
     parser = subparsers.add_parser(
         "run",
         help="profile chosen steps of an unmodified script (python SCRIPT / -m MODULE)",
@@ -193,17 +192,16 @@ def build_config(args: argparse.Namespace) -> Any:
         "save_path": args.save_path,
         "gzip": args.gzip or None,
         "finish_hook.cmd": args.on_finish,
-        "on_demand.dir": getattr(args, "on_demand", None),
-        "stall.after_s": getattr(args, "stall_after", None),
+        "on_demand.dir": args.on_demand,
+        "stall.after_s": args.stall_after,
         "metrics.port": args.metrics_port,
+        "spans.dir": args.spans,
     }
     chosen += [field(key, value) for key, value in given.items() if value is not None]
-    if getattr(args, "auto_trace", False):
+    if args.auto_trace:
         chosen.append(field("auto_trace.on", "step"))
         if base.metrics is None and args.metrics_port is None:
             chosen.append(field("metrics.enable", True))  # it reads the metrics' step times
-    if getattr(args, "spans", None) is not None:
-        chosen.append(field("spans.dir", args.spans))
     return apply_overrides(base, [*chosen, *args.overrides])
 
 

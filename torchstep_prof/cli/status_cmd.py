@@ -24,7 +24,6 @@ __all__ = ["register", "status"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``status`` subcommand."""
     parser = subparsers.add_parser(
         "status",
         help="where each rank of a running job is (step, region, collective), the rank holding the others first",
@@ -42,10 +41,7 @@ def status(args: argparse.Namespace) -> int:
 
     folder = os.path.abspath(args.dir)
     if not os.path.isdir(folder):
-        print(
-            safe_text(f"torchstep-prof status: {folder} does not exist (no job keeps its status there)"),
-            file=sys.stderr,
-        )
+        _error(f"{folder} does not exist (no job keeps its status there)")
         return 1
     statuses, bad = read_lives(folder)
     now = time.time()
@@ -59,12 +55,9 @@ def status(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=1))
         return 0 if statuses else 1
     for line in bad:
-        print(safe_text(f"torchstep-prof status: {line}"), file=sys.stderr)
+        _error(line)
     if not statuses:
-        print(
-            safe_text(f"torchstep-prof status: {folder}: no rank keeps its live status here (no live-rank*.json)"),
-            file=sys.stderr,
-        )
+        _error(f"{folder}: no rank keeps its live status here (no live-rank*.json)")
         return 1
     for line in lines:
         print(safe_text(line, 400))
@@ -73,6 +66,10 @@ def status(args: argparse.Namespace) -> int:
     if args.stacks:
         _stacks(views)
     return 0
+
+
+def _error(text: str) -> None:
+    print(safe_text(f"torchstep-prof status: {text}"), file=sys.stderr)
 
 
 def _table(views: list[Any], now: float) -> None:

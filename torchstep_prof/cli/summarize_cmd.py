@@ -73,7 +73,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         _tracedir.report_unreadable(unreadable)
     else:
         title = default_title(args.directory, summary)
-        console = _tracedir.output_console()
+        from rich.console import Console
+
+        # The terminal's width, else COLUMNS, else 80 (rich's rules); colours on a terminal only.
+        console = Console(file=sys.stdout)
         render_summary(summary, console, title=title)
         _render_diagnosis(console, waits, memory)
         if timeline is not None:

@@ -52,10 +52,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         missing = [n for n in args.step if n not in known]
         if missing:
             numbers = ", ".join(str(n) for n in missing)
-            if spans.source == "traces":
-                why = f"not traced (traced: {step_ranges(sorted(known)) or 'none'})"
-            else:
-                why = f"not in the spans (steps: {step_ranges(sorted(known)) or 'none'})"
+            listed = step_ranges(sorted(known)) or "none"
+            why = (
+                f"not traced (traced: {listed})" if spans.source == "traces" else f"not in the spans (steps: {listed})"
+            )
             _tracedir.error(f"timeline: --step {numbers}: {why}")
             return _tracedir.EXIT_NO_TRACE
     if args.json:

@@ -35,7 +35,6 @@ alone makes it) or no running rank polls it, 2 a usage error.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``trigger`` subcommand."""
     from .run_cmd import _int_list, _number
 
     parser = subparsers.add_parser(
@@ -67,6 +66,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 _MAX_ALIGN = 1_000_000
 
 
+def _error(text: str) -> None:
+    print(f"torchstep-prof trigger: {text}", file=sys.stderr)
+
+
 def _check_bounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The bounds of a request (docs/on-demand.md), as usage errors: exit 2, nothing written."""
     from ..triggers.request import MAX_STEP, MAX_STEPS
@@ -92,19 +95,15 @@ def trigger(args: argparse.Namespace) -> int:
         # A typo must not look like a job that has not started. (--at may write a request
         # before the job starts: the folder is made then.)
         what = "is not a folder" if os.path.lexists(folder) else "does not exist"
-        print(
-            f"torchstep-prof trigger: {folder} {what}: no job polls it (the job's on_demand.dir, "
-            "made when its on_demand scope is entered)",
-            file=sys.stderr,
-        )
+        _error(f"{folder} {what}: no job polls it (the job's on_demand.dir, made when its on_demand scope is entered)")
         return 1
     statuses, bad = read_statuses(folder)
     for line in bad:
-        print(f"torchstep-prof trigger: skipped {safe_text(line)}", file=sys.stderr)
+        _error(f"skipped {safe_text(line)}")
     if args.status:
         _show_status(folder, statuses)
         if not statuses:
-            print(f"torchstep-prof trigger: {folder}: no rank polls it (no status-rank*.json)", file=sys.stderr)
+            _error(f"{folder}: no rank polls it (no status-rank*.json)")
             return 1
         return 0
     contents = None
@@ -119,26 +118,22 @@ def trigger(args: argparse.Namespace) -> int:
     running = [s for s in statuses if s.running and not is_stale(s, now)]
     for s in statuses:
         if s.running and is_stale(s, now):
-            print(
-                f"torchstep-prof trigger: ignored {s.path}: not written for {now - s.time:.0f} s "
-                "(a rank that died, or a job that ended without saying so)",
-                file=sys.stderr,
+            _error(
+                f"ignored {s.path}: not written for {now - s.time:.0f} s "
+                "(a rank that died, or a job that ended without saying so)"
             )
     if not running and args.at is None:
         what = "no running rank polls it" if statuses else "no rank polls it (no status-rank*.json)"
-        print(
-            f"torchstep-prof trigger: {folder}: {what}; start the job with on_demand.dir={folder} "
-            "(or pass --at STEP to write a request anyway)",
-            file=sys.stderr,
+        _error(
+            f"{folder}: {what}; start the job with on_demand.dir={folder} (or pass --at STEP to write a request anyway)"
         )
         return 1
     if args.at is None:
         running = _with_rates(folder, running)
         if not any(s.rate is not None for s in running):
-            print(
-                f"torchstep-prof trigger: {folder}: no rank has reported its step rate yet (it takes two "
-                "polls after its first step); try again, or pass --at STEP",
-                file=sys.stderr,
+            _error(
+                f"{folder}: no rank has reported its step rate yet (it takes two "
+                "polls after its first step); try again, or pass --at STEP"
             )
             return 1
     return _write(args, folder, running, contents)
@@ -183,7 +178,7 @@ def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: 
     try:  # the steps a status file pushed out of bounds (a rank reporting step 2**60, say)
         parse_request(request.to_json())
     except ConfigError as exc:
-        print(f"torchstep-prof trigger: no request written: {safe_text(exc, 400)}", file=sys.stderr)
+        _error(f"no request written: {safe_text(exc, 400)}")
         return 1
     _note_unread(folder, running)
     path = write_request(folder, request)
@@ -208,10 +203,9 @@ def _note_unread(folder: str, running: list[Any]) -> None:
         return
     unread = [str(s.rank) for s in running if previous.id not in s.served_ids()]
     if unread:
-        print(
-            f"torchstep-prof trigger: replacing request {previous.id}, which rank(s) {','.join(unread)} "
-            "had not read yet (they will not serve it)",
-            file=sys.stderr,
+        _error(
+            f"replacing request {previous.id}, which rank(s) {','.join(unread)} "
+            "had not read yet (they will not serve it)"
         )
 
 

@@ -15,8 +15,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 import attrs
 
 from ..reading.collective_calls import WAIT_KINDS, CollectiveCall
-from .findings import EXPLAINS_SHARE, op_deltas
-from .summarize import STRAGGLER_MIN_MS, GroupSummary, Summary
+from .findings import EXPLAINS_SHARE, ms_text, op_deltas
+from .summarize import STRAGGLER_MIN_MS, GroupSummary, Summary, group_fields
 
 __all__ = [
     "LATE_SHARE",
@@ -135,11 +135,7 @@ def _group_waits(group: GroupSummary) -> Optional[CollectiveWaits]:
     ranks = tuple(RankWait(rank=r, wait_ms=waits[r], last=last[r], caused_ms=caused[r]) for r in sorted(rows))
     late, ops = _late_rank(ranks, len(matched), rows)
     return CollectiveWaits(
-        role=group.role,
-        stage=group.stage,
-        step=group.step,
-        occurrence=group.occurrence,
-        fused=group.fused,
+        **group_fields(group),
         kind=kind,
         matched=len(matched),
         ranks=ranks,
@@ -196,11 +192,7 @@ def waits_to_dicts(waits: Iterable[CollectiveWaits]) -> list[dict[str, Any]]:
     """
     return [
         {
-            "role": w.role,
-            "stage": w.stage,
-            "step": w.step,
-            "occurrence": w.occurrence,
-            "fused": w.fused,
+            **group_fields(w),
             "kind": w.kind,
             "matched": w.matched,
             "ranks": [
@@ -242,7 +234,7 @@ def describe_waits(w: CollectiveWaits) -> str:
     trainer/forward step 2: rank 1 arrived last at 3 of 3 gloo collectives (100%); rank 0 waited 91 ms; no operator accounts for rank 1's lateness (Python, sleeping, I/O, data loading)
     """
     where = f"{w.role}/{w.stage} step {w.step}" + (f" #{w.occurrence}" if w.occurrence > 1 else "")
-    waited = ", ".join(f"rank {r.rank} waited {_ms(r.wait_ms)}" for r in w.ranks if r.rank != w.late_rank)
+    waited = ", ".join(f"rank {r.rank} waited {ms_text(r.wait_ms)}" for r in w.ranks if r.rank != w.late_rank)
     collectives = f"{w.kind} collective{'' if w.matched == 1 else 's'}"
     if w.late_rank is None:
         text = f"{where}: no rank makes the others wait ({w.matched} {collectives}; {waited})"
@@ -253,7 +245,7 @@ def describe_waits(w: CollectiveWaits) -> str:
             f"({100 * w.share(w.late_rank):.0f}%); {waited}"
         )
         if w.ops:
-            extra = ", ".join(f"{d.name} (+{_ms(d.delta_ms)})" for d in w.ops[:3])
+            extra = ", ".join(f"{d.name} (+{ms_text(d.delta_ms)})" for d in w.ops[:3])
             text += f"; rank {w.late_rank}'s extra time: {extra}"
         else:
             text += f"; no operator accounts for rank {w.late_rank}'s lateness (Python, sleeping, I/O, data loading)"
@@ -261,7 +253,3 @@ def describe_waits(w: CollectiveWaits) -> str:
         names = ", ".join(sorted({u.name for u in w.unmatched})[:3])
         text += f"; {len(w.unmatched)} unmatched ({names})"
     return text
-
-
-def _ms(value: float) -> str:
-    return f"{value:.0f} ms" if value >= 10 else f"{value:.1f} ms"

@@ -143,17 +143,16 @@ def diff_traces(
     'aten::mm'
     """
     a, b = side_stats(base), side_stats(test)
-    regions = []
-    for label in sorted(set(a.traces) | set(b.traces)):
-        regions.append(
-            RegionChange(
-                region=label,
-                base_ms=a.wall_ms[label] / a.traces[label] if label in a.traces else None,
-                test_ms=b.wall_ms[label] / b.traces[label] if label in b.traces else None,
-                base_traces=a.traces.get(label, 0),
-                test_traces=b.traces.get(label, 0),
-            )
+    regions = [
+        RegionChange(
+            region=label,
+            base_ms=a.wall_ms[label] / a.traces[label] if label in a.traces else None,
+            test_ms=b.wall_ms[label] / b.traces[label] if label in b.traces else None,
+            base_traces=a.traces.get(label, 0),
+            test_traces=b.traces.get(label, 0),
         )
+        for label in set(a.traces) | set(b.traces)
+    ]
     regions.sort(key=lambda r: (-abs(r.delta_ms), r.region))
     ops = []
     for key in set(a.ops) | set(b.ops):

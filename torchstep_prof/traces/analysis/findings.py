@@ -9,11 +9,11 @@ self time. :func:`findings_to_dicts` gives the ``findings`` list of ``summarize 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Iterable, Mapping, Optional, Tuple
 
 import attrs
 
-from .summarize import GroupSummary, Summary
+from .summarize import GroupSummary, RankTime, Summary
 
 __all__ = [
     "FINDINGS_DEPTH",
@@ -69,52 +69,6 @@ class Finding:
         return self.wall_ms / self.median_ms if self.median_ms > 0 else float("inf")
 
 
-@attrs.frozen(kw_only=True)
-class _RankView:
-    rank: int
-    wall_ms: float
-    ops: Mapping[str, float]
-
-
-@attrs.frozen(kw_only=True)
-class _GroupView:
-    role: str
-    stage: str
-    step: int
-    occurrence: int
-    median_ms: float
-    straggler: Optional[int]
-    ranks: Tuple[_RankView, ...]
-
-
-def _view(group: GroupSummary) -> _GroupView:
-    """The one place that knows summarize's group records.
-
-    A rank with several rows (several runs in one folder) is represented by its slowest row, as
-    the straggler test does.
-    """
-    rows: dict[int, Any] = {}
-    for row in group.ranks:
-        if row.rank not in rows or row.wall_ms > rows[row.rank].wall_ms:
-            rows[row.rank] = row
-    return _GroupView(
-        role=group.role,
-        stage=group.stage,
-        step=group.step,
-        occurrence=group.occurrence,
-        median_ms=group.median_ms,
-        straggler=group.straggler,
-        ranks=tuple(
-            _RankView(
-                rank=row.rank,
-                wall_ms=row.wall_ms,
-                ops={op.name: op.self_ms for op in row.top_ops},
-            )
-            for row in (rows[rank] for rank in sorted(rows))
-        ),
-    )
-
-
 def find_findings(summary: Summary, *, ops: int = FINDING_OPS) -> Tuple[Finding, ...]:
     """One :class:`Finding` per group of ``summary`` that has a straggler, most slowed first.
 
@@ -127,7 +81,7 @@ def find_findings(summary: Summary, *, ops: int = FINDING_OPS) -> Tuple[Finding,
     >>> for finding in find_findings(summarize(*scanned)):  # doctest: +SKIP
     ...     print(describe_finding(finding))
     """
-    found = [_finding(view, ops) for view in map(_view, summary.groups)]
+    found = [_finding(group, ops) for group in summary.groups]
     return tuple(
         sorted(
             (f for f in found if f is not None),
@@ -136,11 +90,19 @@ def find_findings(summary: Summary, *, ops: int = FINDING_OPS) -> Tuple[Finding,
     )
 
 
-def _finding(group: _GroupView, ops: int) -> Optional[Finding]:
-    straggler = next((r for r in group.ranks if r.rank == group.straggler), None)
-    if straggler is None:
+def _finding(group: GroupSummary, ops: int) -> Optional[Finding]:
+    # A rank with several rows (several runs in one folder) is represented by its slowest row, as
+    # the straggler test does.
+    rows: dict[int, RankTime] = {}
+    for row in group.ranks:
+        if row.rank not in rows or row.wall_ms > rows[row.rank].wall_ms:
+            rows[row.rank] = row
+    if group.straggler is None or group.straggler not in rows:
         return None
-    median = median_rank(group.ranks, group.median_ms, exclude=straggler.rank)
+    straggler = rows[group.straggler]
+    # The median rank: the one whose wall time is nearest the median (ties to the lower rank).
+    others = [r for r in rows.values() if r.rank != straggler.rank] or [straggler]
+    median = min(others, key=lambda r: (abs(r.wall_ms - group.median_ms), r.rank))
     return Finding(
         role=group.role,
         stage=group.stage,
@@ -150,15 +112,12 @@ def _finding(group: _GroupView, ops: int) -> Optional[Finding]:
         median_rank=median.rank,
         wall_ms=straggler.wall_ms,
         median_ms=group.median_ms,
-        ops=op_deltas(straggler.ops, median.ops)[:ops],
+        ops=op_deltas(_self_ms(straggler), _self_ms(median))[:ops],
     )
 
 
-def median_rank(ranks: Sequence[_RankView], median_ms: float, *, exclude: int) -> _RankView:
-    """The rank whose wall time is nearest ``median_ms`` (not ``exclude`` when another is left);
-    ties go to the lower rank."""
-    candidates = [r for r in ranks if r.rank != exclude] or list(ranks)
-    return min(candidates, key=lambda r: (abs(r.wall_ms - median_ms), r.rank))
+def _self_ms(row: RankTime) -> dict[str, float]:
+    return {op.name: op.self_ms for op in row.top_ops}
 
 
 def op_deltas(ops: Mapping[str, float], median_ops: Mapping[str, float]) -> Tuple[OpDelta, ...]:
@@ -189,31 +148,21 @@ def findings_to_dicts(findings: Iterable[Finding]) -> list[dict[str, Any]]:
             "step": f.step,
             "occurrence": f.occurrence,
             "rank": f.rank,
-            "wall_ms": _round(f.wall_ms),
-            "median_ms": _round(f.median_ms),
-            "ratio": _round(f.ratio) if f.median_ms > 0 else None,
+            "wall_ms": round(f.wall_ms, 3),
+            "median_ms": round(f.median_ms, 3),
+            "ratio": round(f.ratio, 3) if f.median_ms > 0 else None,
             "ops": [
                 {
                     "name": op.name,
-                    "self_ms": _round(op.self_ms),
-                    "median_self_ms": _round(op.median_self_ms),
-                    "delta_ms": _round(op.delta_ms),
+                    "self_ms": round(op.self_ms, 3),
+                    "median_self_ms": round(op.median_self_ms, 3),
+                    "delta_ms": round(op.delta_ms, 3),
                 }
                 for op in f.ops
             ],
         }
         for f in findings
     ]
-
-
-def _round(value: float) -> float:
-    return round(value, 3)
-
-
-def explaining_ops(finding: Finding) -> Tuple[OpDelta, ...]:
-    """The operators whose extra self time accounts for a real share of the straggler's gap."""
-    gap = finding.wall_ms - finding.median_ms
-    return tuple(op for op in finding.ops if op.delta_ms > 0 and op.delta_ms >= EXPLAINS_SHARE * gap)
 
 
 def describe_finding(finding: Finding) -> str:
@@ -230,17 +179,18 @@ def describe_finding(finding: Finding) -> str:
         step += f" (occurrence {finding.occurrence})"
     who = f"rank {finding.rank}'s {finding.role}/{finding.stage} {step}"
     if finding.median_ms > 0:
-        text = (
-            f"{who} is {finding.ratio:.1f}x slower than the median ({_ms(finding.wall_ms)} vs {_ms(finding.median_ms)})"
-        )
+        text = f"{who} is {finding.ratio:.1f}x slower than the median ({ms_text(finding.wall_ms)} vs {ms_text(finding.median_ms)})"
     else:
-        text = f"{who} takes {_ms(finding.wall_ms)} where the median is 0 ms"
-    explaining = explaining_ops(finding)[:3]
+        text = f"{who} takes {ms_text(finding.wall_ms)} where the median is 0 ms"
+    # The operators whose extra self time accounts for a real share of the straggler's gap.
+    gap = finding.wall_ms - finding.median_ms
+    explaining = [op for op in finding.ops if op.delta_ms > 0 and op.delta_ms >= EXPLAINS_SHARE * gap][:3]
     if explaining:
-        parts = [f"{op.name} (+{_ms(op.delta_ms)})" for op in explaining]
+        parts = [f"{op.name} (+{ms_text(op.delta_ms)})" for op in explaining]
         return f"{text}, mostly in {', '.join(parts)}"
     return f"{text}; no operator accounts for it: the extra time is outside operators (Python, waiting, I/O)"
 
 
-def _ms(value: float) -> str:
+def ms_text(value: float) -> str:
+    """A duration in words: ``52 ms``, ``1.5 ms``."""
     return f"{value:.0f} ms" if value >= 10 else f"{value:.1f} ms"

@@ -14,8 +14,8 @@ from typing import Any, Iterable, Optional, Tuple
 
 import attrs
 
-from ..reading.memory_events import MEMORY_TOP_OPS, OpBytes
-from .summarize import Summary
+from ..reading.memory_events import OpBytes, top_allocators
+from .summarize import Summary, group_fields
 
 __all__ = ["MIB", "RankMemory", "RegionMemory", "describe_memory", "find_memory", "memory_to_dicts"]
 
@@ -64,7 +64,7 @@ class RegionMemory:
         return max(self.ranks, key=lambda r: (r.peak_bytes, -r.rank)).rank
 
 
-def find_memory(summary: Summary, *, top: int = MEMORY_TOP_OPS) -> Tuple[RegionMemory, ...]:
+def find_memory(summary: Summary) -> Tuple[RegionMemory, ...]:
     """Every group's memory per device, for the groups whose traces hold ``[memory]`` events.
 
     >>> from torchstep_prof.traces.reading.files import scan_traces
@@ -84,22 +84,14 @@ def find_memory(summary: Summary, *, top: int = MEMORY_TOP_OPS) -> Tuple[RegionM
                     totals = ops.setdefault(op.name, [0, 0])
                     totals[0] += op.bytes
                     totals[1] += op.count
-            ranked = sorted(ops.items(), key=lambda item: (-item[1][0], item[0]))[:top]
             found.append(
                 RegionMemory(
-                    role=group.role,
-                    stage=group.stage,
-                    step=group.step,
-                    occurrence=group.occurrence,
-                    fused=group.fused,
+                    **group_fields(group),
                     device=device,
                     ranks=tuple(
                         RankMemory(rank=rank, peak_bytes=u.peak_bytes, net_bytes=u.net_bytes) for rank, u in uses
                     ),
-                    # Per rank on average, as the operators of summarize are.
-                    top_ops=tuple(
-                        OpBytes(name=name, bytes=b // len(uses), count=round(n / len(uses))) for name, (b, n) in ranked
-                    ),
+                    top_ops=top_allocators(ops, per=len(uses)),  # per rank on average, as summarize's operators
                 )
             )
     return tuple(found)
@@ -117,11 +109,7 @@ def memory_to_dicts(memory: Iterable[RegionMemory]) -> list[dict[str, Any]]:
     """
     return [
         {
-            "role": m.role,
-            "stage": m.stage,
-            "step": m.step,
-            "occurrence": m.occurrence,
-            "fused": m.fused,
+            **group_fields(m),
             "device": m.device,
             "peak_bytes": m.peak_bytes,
             "net_bytes": m.net_bytes,

@@ -86,10 +86,7 @@ def describe_other_runs(other_runs: Sequence[OtherRun]) -> list[str]:
     out = []
     for (pid, other_pids), ranks in lines.items():
         ranks = sorted(set(ranks))
-        if len(ranks) > 1:
-            which = f"ranks {', '.join(map(str, ranks))} use"
-        else:
-            which = f"rank {ranks[0]} uses"
+        which = f"ranks {', '.join(map(str, ranks))} use" if len(ranks) > 1 else f"rank {ranks[0]} uses"
         others = ", ".join("?" if p is None else str(p) for p in other_pids)
         out.append(
             f"warning: several runs in one folder: {which} the newest, "

@@ -20,7 +20,7 @@ from typing import Iterable, Optional, Sequence
 
 import attrs
 
-from ...timeline.ledger import Ledger, ProcessInfo
+from ...timeline.ledger import ProcessInfo
 from ...timeline.span_log import FILE_PREFIX, FILE_SUFFIX
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "find_span_folder",
     "foreign_span_files",
     "holds_span_files",
-    "job_clocks",
 ]
 
 SPAN_SUBFOLDER = "spans"
@@ -118,11 +117,6 @@ class JobClocks:
 
     def to_dict(self) -> dict[str, object]:
         return {"spans": self.folder, "reference": self.reference}
-
-
-def job_clocks(ledger: Ledger, folder: str) -> JobClocks:
-    """The clocks of the span processes of ``ledger`` (built from ``folder``)."""
-    return JobClocks(folder=folder, reference=ledger.reference, processes=ledger.processes)
 
 
 def describe_clocks(clocks: Sequence[TraceClock], folder: str) -> str:

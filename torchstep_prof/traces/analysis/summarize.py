@@ -17,6 +17,7 @@ import attrs
 from ...rendering import format_ms, safe_text, wrap_label
 from .runs import OtherRun
 from ..reading.collective_calls import CollectiveCall
+from ..reading.events import ranked_ops
 from ..reading.files import OpTime, TraceInfo, Unreadable
 from ..reading.memory_events import MemoryUse
 
@@ -31,6 +32,7 @@ __all__ = [
     "RankTime",
     "Summary",
     "find_straggler",
+    "group_fields",
     "render_summary",
     "summarize",
     "summary_to_dict",
@@ -98,6 +100,18 @@ class Summary:
     unreadable: Tuple[Unreadable, ...] = ()
     straggler_ratio: float = DEFAULT_STRAGGLER_RATIO
     other_runs: Tuple[OtherRun, ...] = ()
+
+
+def group_fields(record: Any) -> dict[str, Any]:
+    """What names a group, of a :class:`GroupSummary` or a record about one: its role, stage,
+    step, occurrence and whether it is fused (in this order, as the JSON lists them)."""
+    return {
+        "role": record.role,
+        "stage": record.stage,
+        "step": record.step,
+        "occurrence": record.occurrence,
+        "fused": record.fused,
+    }
 
 
 def find_straggler(
@@ -212,8 +226,7 @@ def _mean_ops(infos: Sequence[TraceInfo], top: int) -> Tuple[OpTime, ...]:
     for info in infos:
         for op in info.top_ops:
             totals[op.name] = totals.get(op.name, 0.0) + op.self_ms
-    ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:top]
-    return tuple(OpTime(name=name, self_ms=ms / len(infos)) for name, ms in ranked)
+    return ranked_ops(totals, top, divisor=len(infos))
 
 
 def summary_to_dict(summary: Summary) -> dict[str, Any]:
@@ -234,11 +247,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
     return {
         "groups": [
             {
-                "role": g.role,
-                "stage": g.stage,
-                "step": g.step,
-                "occurrence": g.occurrence,
-                "fused": g.fused,
+                **group_fields(g),
                 "ranks": [
                     {
                         "rank": r.rank,
@@ -340,9 +349,9 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
         ("rank", [r[3] for r in rows]),
         ("wall ms", [r[4] for r in rows]),
         *([("gpu ms", gpu)] if gpu else []),
-        ("x median", [r[5].plain for r in rows]),
+        ("x median", [r[5] for r in rows]),  # a Text: the straggler's flag is styled
     ]
-    widths = [max(len(h), *(len(line) for c in col for line in c.split("\n"))) for h, col in cells]
+    widths = [max(len(h), *(len(line) for c in col for line in str(c).split("\n"))) for h, col in cells]
     used = sum(widths) + _GAP * len(cells)
     ops_width = width - used
     ops_column = ops_width >= _MIN_OPS_WIDTH and any(r[6] for r in rows)
@@ -363,21 +372,14 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
     # Nothing wraps inside rich: a region name was folded above at its separators, and each
     # number column is as wide as its widest value (min_width: rich shrinks no number).
     table.add_column("region", no_wrap=True, max_width=region_width)
-    numbers = iter(widths[1:])
-    table.add_column("step", justify="right", no_wrap=True, min_width=next(numbers))
-    if show_occ:
-        table.add_column("occ", justify="right", no_wrap=True, min_width=next(numbers))
-    table.add_column("rank", justify="right", no_wrap=True, min_width=next(numbers))
-    table.add_column("wall ms", justify="right", no_wrap=True, min_width=next(numbers))
-    if gpu:
-        table.add_column("gpu ms", justify="right", no_wrap=True, min_width=next(numbers))
-    table.add_column("x median", no_wrap=True, min_width=next(numbers))
+    for (header, _), min_width in zip(cells[1:], widths[1:]):
+        table.add_column(header, justify="left" if header == "x median" else "right", no_wrap=True, min_width=min_width)
     if ops_column:
         # One operator a line, cut with an ellipsis rather than wrapped onto a line of its own.
         table.add_column("top ops (self ms)", no_wrap=True, overflow="ellipsis", max_width=ops_width)
-    for index, (region, step, occ, rank, wall, ratio, ops, end) in enumerate(rows):
-        row = [Text(region), step, *([occ] if show_occ else []), rank, wall, *([gpu[index]] if gpu else []), ratio]
-        table.add_row(*row, *([Text(ops)] if ops_column else []), end_section=end)
+    for index, row in enumerate(rows):
+        numbers = [column[index] for _, column in cells[1:]]
+        table.add_row(Text(row[0]), *numbers, *([Text(row[6])] if ops_column else []), end_section=row[7])
     return table, not ops_column and any(g.top_ops for g in summary.groups)
 
 

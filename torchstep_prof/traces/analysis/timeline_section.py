@@ -12,6 +12,7 @@ True
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Collection, Optional
 
 import attrs
@@ -76,15 +77,7 @@ def with_table_labels(spans: SpanFolder) -> SpanFolder:
     """
     from ...naming import file_label
 
-    labels: dict[str, str] = {}
-
-    def label(text: str) -> str:
-        try:
-            return labels[text]
-        except KeyError:
-            labels[text] = named = file_label(text)
-            return named
-
+    label = functools.lru_cache(maxsize=None)(file_label)
     processes = tuple(
         attrs.evolve(p, spans=tuple(s._replace(role=label(s.role), stage=label(s.stage)) for s in p.spans))
         for p in spans.processes

@@ -55,7 +55,7 @@ def dumps_indented(value: Any) -> str:
             return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
         except TypeError:
             pass
-    if not isinstance(value, dict) or _items(value) <= INDENT_ITEMS:
+    if not isinstance(value, dict) or sum(len(v) for v in value.values() if isinstance(v, list)) <= INDENT_ITEMS:
         return json.dumps(value, indent=2)
     compact = json.JSONEncoder(separators=(", ", ": ")).encode
     lines = []
@@ -71,7 +71,3 @@ def dumps_indented(value: Any) -> str:
 INDENT_ITEMS = 200
 """Past this many items in a document's top-level lists, :func:`dumps_indented` writes one item a
 line (without orjson)."""
-
-
-def _items(value: dict[str, Any]) -> int:
-    return sum(len(item) for item in value.values() if isinstance(item, list))

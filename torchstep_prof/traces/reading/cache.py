@@ -125,15 +125,6 @@ def _info_decoder() -> Any:
     return _decoder(TraceInfo, _INFO_GIVEN)
 
 
-def _encode_info(info: TraceInfo) -> list[Any]:
-    return [_encode(getattr(info, name)) for name in _INFO_FIELDS]
-
-
-def _decode_info(row: Any, path: str) -> TraceInfo:
-    (info,) = _info_decoder()([row], path)
-    return info
-
-
 class SummaryCache:
     """The cache of one trace folder: :meth:`get` an entry, :meth:`put` new ones, :meth:`save`.
 
@@ -162,9 +153,7 @@ class SummaryCache:
         try:
             with open(self.path, "rb") as handle:
                 doc = loads(handle.read())
-        except FileNotFoundError:
-            return
-        except Exception:  # a torn or foreign file: start afresh, it is rewritten on save
+        except Exception:  # none yet, or a torn or foreign file: start afresh, it is rewritten on save
             return
         if (
             isinstance(doc, dict)
@@ -189,7 +178,8 @@ class SummaryCache:
                 return Unreadable(path=path, reason=reason) if isinstance(reason, str) else None
             if entry.get("top", 0) < top:
                 return None
-            return _trimmed(_decode_info(entry["info"], path), top)
+            (info,) = _info_decoder()([entry["info"]], path)
+            return _trimmed(info, top)
         except Exception:  # an entry this code did not write (edited, torn): read the file again
             return None
 
@@ -204,7 +194,7 @@ class SummaryCache:
                 return  # a permission, a link, a kind of file: may change with neither
             entry["reason"] = result.reason
         else:
-            entry.update(top=top, info=_encode_info(result))
+            entry.update(top=top, info=[_encode(getattr(result, name)) for name in _INFO_FIELDS])
         self._entries[key[0]] = entry
         self._changed = True
 

@@ -13,6 +13,8 @@ from typing import Any, Iterable, Optional, Tuple
 
 import attrs
 
+from .events import time_us
+
 __all__ = ["WAIT_KINDS", "CollectiveCall", "read_collectives"]
 
 WAIT_KINDS = ("nccl", "gloo", "comms", "c10d")
@@ -49,21 +51,16 @@ def read_collectives(events: Iterable[Any]) -> Tuple[CollectiveCall, ...]:
         kind = _kind(name, event.get("cat"))
         if kind is None:
             continue
-        ts, dur = _time(event.get("ts")), _time(event.get("dur"))
-        if ts is None or dur is None or not dur >= 0:
+        ts, dur = time_us(event.get("ts")), time_us(event.get("dur"), duration=True)
+        if ts is None or dur is None:
             continue
         if kind == "comms":  # torch names the collective in the range's arguments
             args = event.get("args")
             collective = args.get("Collective name") if isinstance(args, dict) else None
             name = f"record_param_comms:{collective}" if isinstance(collective, str) else name
-        found.append((float(ts), kind, name, float(dur)))
+        found.append((ts, kind, name, dur))
     found.sort(key=lambda row: row[0])
     return tuple(CollectiveCall(kind=k, name=n, dur_ms=d / 1000.0) for _, k, n, d in found)
-
-
-def _time(value: Any) -> Optional[float]:
-    """A JSON number as a float (a bool is no time); None for anything else."""
-    return float(value) if type(value) in (int, float) else None
 
 
 def _kind(name: str, cat: Any) -> Optional[str]:

@@ -21,6 +21,7 @@ __all__ = [
     "iter_events",
     "op_stats_by_region",
     "outer_ranges",
+    "ranked_ops",
     "region_ranges",
     "region_time",
     "top_ops",
@@ -67,7 +68,7 @@ def region_time(events: list[Any], step: int) -> tuple[float, float | None]:
         if not isinstance(event, dict) or event.get("ph") != "X" or event.get("cat") == GPU_ANNOTATION:
             continue
         match = _PROFILER_STEP.match(str(event.get("name", "")))
-        dur, ts = _number(event.get("dur"), duration=True), _number(event.get("ts"))
+        dur, ts = time_us(event.get("dur"), duration=True), time_us(event.get("ts"))
         if match and dur is not None and ts is not None:
             if chosen is None or int(match[1]) == step:
                 chosen = event
@@ -79,10 +80,10 @@ def region_time(events: list[Any], step: int) -> tuple[float, float | None]:
     for event in events:
         if not isinstance(event, dict) or event.get("cat") == "Trace":
             continue
-        ts = _number(event.get("ts"))
+        ts = time_us(event.get("ts"))
         if ts is None or event.get("ph") == "M":
             continue
-        end = ts + (_number(event.get("dur"), duration=True) or 0.0)
+        end = ts + (time_us(event.get("dur"), duration=True) or 0.0)
         first = ts if first is None else min(first, ts)
         last = end if last is None else max(last, end)
     if first is None or last is None:
@@ -95,7 +96,7 @@ MAX_TIME_US = 1e17
 a ``ts`` of 1e300 must not make a region last 1e297 ms."""
 
 
-def _number(value: Any, *, duration: bool = False) -> float | None:
+def time_us(value: Any, *, duration: bool = False) -> float | None:
     """A time in µs that makes sense: finite, within :data:`MAX_TIME_US`, and >= 0 for a
     duration; None for anything else (a string, NaN, a negative duration...)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -160,7 +161,7 @@ def region_ranges(events: list[Any]) -> list[RegionRange]:
             continue
         name, cat = event.get("name"), event.get("cat")
         if isinstance(name, str) and cat in ("cpu_op", "user_annotation") and _is_region(name):
-            ts, dur = _number(event.get("ts")), _number(event.get("dur"), duration=True)
+            ts, dur = time_us(event.get("ts")), time_us(event.get("dur"), duration=True)
             if ts is not None and dur is not None:
                 track = (event.get("pid"), event.get("tid"))
                 found.append(RegionRange(name=name, track=repr(track), ts=ts, dur=dur))
@@ -170,8 +171,11 @@ def region_ranges(events: list[Any]) -> list[RegionRange]:
 def outer_ranges(ranges: Sequence[RegionRange], start_us: float, end_us: float) -> list[RegionRange]:
     """The outermost of ``ranges`` on each track (a nested region is inside its parent's bar),
     cut to ``[start_us, end_us]`` (the owning block), in order of start."""
+    tracks: dict[Any, list[RegionRange]] = {}
+    for r in ranges:
+        tracks.setdefault(r.track, []).append(r)
     outer = []
-    for _, mine in sorted(_by_track(ranges).items()):
+    for _, mine in sorted(tracks.items()):
         mine.sort(key=lambda r: (r.ts, -r.dur))
         end = -math.inf
         for r in mine:
@@ -183,13 +187,6 @@ def outer_ranges(ranges: Sequence[RegionRange], start_us: float, end_us: float) 
                 outer.append(attrs.evolve(r, ts=first, dur=max(0.0, last - first)))
     outer.sort(key=lambda r: (r.ts, r.name))
     return outer
-
-
-def _by_track(ranges: Sequence[RegionRange]) -> dict[Any, list[RegionRange]]:
-    tracks: dict[Any, list[RegionRange]] = {}
-    for r in ranges:
-        tracks.setdefault(r.track, []).append(r)
-    return tracks
 
 
 def _is_region(name: str) -> bool:
@@ -219,20 +216,25 @@ def top_ops_by_region(
     """
     if n <= 0:
         return (), {}
-    threads = _thread_rows(trace)
     totals: dict[str, float] = {}
     regions: dict[str, dict[str, float]] = {}
-    for rows in threads.values():
+    for name, us, region in _operator_times(trace, by_region):
+        totals[name] = totals.get(name, 0.0) + us
+        if region is not None:
+            ops = regions.setdefault(region, {})
+            ops[name] = ops.get(name, 0.0) + us
+    return ranked_ops(totals, n), {region: ranked_ops(ops, n) for region, ops in regions.items()}
+
+
+def _operator_times(trace: dict[str, Any], by_region: bool) -> Iterator[tuple[str, float, str | None]]:
+    """(name, self µs, innermost region range or None) of each operator event of ``trace``."""
+    for rows in _thread_rows(trace).values():
         # Parents before children: earlier start first, and the longer of two that start together.
         rows.sort(key=lambda row: (row[0], -row[1]))
         self_us, inside = _self_times(rows, by_region)
         for (_, _, name, cat), us, region in zip(rows, self_us, inside):
             if is_operator(name, cat):
-                totals[name] = totals.get(name, 0.0) + us
-                if region is not None:
-                    ops = regions.setdefault(region, {})
-                    ops[name] = ops.get(name, 0.0) + us
-    return _ranked(totals, n), {region: _ranked(ops, n) for region, ops in regions.items()}
+                yield name, us, region
 
 
 def _thread_rows(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float, str, str]]]:
@@ -252,7 +254,7 @@ def _thread_rows(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float, st
             and -MAX_TIME_US <= ts <= MAX_TIME_US
             and 0 <= dur <= MAX_TIME_US
         ):
-            ts, dur = _number(ts), _number(dur, duration=True)
+            ts, dur = time_us(ts), time_us(dur, duration=True)
             if ts is None or dur is None:
                 continue
         key = (event.get("pid"), event.get("tid"))
@@ -279,25 +281,21 @@ def op_stats_by_region(trace: dict[str, Any]) -> dict[str | None, dict[str, list
     {'a/b': {'aten::mm': [4.0, 1]}}
     """
     stats: dict[str | None, dict[str, list[float]]] = {}
-    for rows in _thread_rows(trace).values():
-        rows.sort(key=lambda row: (row[0], -row[1]))
-        self_us, inside = _self_times(rows, True)
-        for (_, _, name, cat), us, region in zip(rows, self_us, inside):
-            if is_operator(name, cat):
-                entry = stats.setdefault(region, {}).setdefault(name, [0.0, 0])
-                entry[0] += us
-                entry[1] += 1
+    for name, us, region in _operator_times(trace, True):
+        entry = stats.setdefault(region, {}).setdefault(name, [0.0, 0])
+        entry[0] += us
+        entry[1] += 1
     return stats
 
 
-def _ranked(totals: dict[str, float], n: int) -> Tuple[OpTime, ...]:
+def ranked_ops(totals: dict[str, float], n: int, divisor: float = 1000.0) -> Tuple[OpTime, ...]:
+    """The ``n`` largest of ``totals`` (name: time), largest first then by name, each divided by
+    ``divisor`` (µs to ms by default)."""
     ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:n]
-    return tuple(OpTime(name=name, self_ms=us / 1000.0) for name, us in ranked)
+    return tuple(OpTime(name=name, self_ms=total / divisor) for name, total in ranked)
 
 
-def _self_times(
-    rows: Sequence[tuple[float, float, str, str]], by_region: bool = False
-) -> tuple[list[float], list[str | None]]:
+def _self_times(rows: Sequence[tuple[float, float, str, str]], by_region: bool) -> tuple[list[float], list[str | None]]:
     """Each row's self time, and (``by_region``) the innermost region range it is in."""
     self_us = [dur for _, dur, _, _ in rows]
     inside: list[str | None] = [None] * len(rows)

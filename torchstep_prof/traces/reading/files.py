@@ -11,7 +11,6 @@ of raising.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Callable, Iterable, Optional, Tuple
 
@@ -128,16 +127,14 @@ class TraceFilter:
         """
         if isinstance(trace, TraceInfo):
             roles = {trace.role, *trace.roles} if trace.fused else {trace.role}
-            pid = trace.pid
         else:
             roles = {trace.role} if trace.stage != FUSED_STAGE else set(self.roles)
-            pid = trace.pid
         return (
             (not self.roles or not roles.isdisjoint(self.roles))
             and (not self.stages or trace.stage in self.stages)
             and (not self.steps or trace.step in self.steps)
             and (not self.ranks or trace.rank in self.ranks)
-            and (not self.pids or pid in self.pids)
+            and (not self.pids or trace.pid in self.pids)
         )
 
 
@@ -182,7 +179,7 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
     roles: Tuple[str, ...] = (fields["role"],)
     if fields["fused"]:
         ranges = region_ranges(events)
-        roles = _unique(_label(r.name.split("/", 1)[0]) for r in ranges) or roles
+        roles = tuple(dict.fromkeys(role for r in ranges if (role := _label(r.name.split("/", 1)[0])))) or roles
         fused = read_fused_regions(trace, ranges, start_us, wall_ms, top, _label)
     return TraceInfo(
         path=path,
@@ -202,10 +199,6 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
     )
 
 
-def _unique(values: Iterable[str | None]) -> Tuple[str, ...]:
-    return tuple(dict.fromkeys(v for v in values if v))
-
-
 MAX_EPOCH_NS = 10**20
 """Epoch times past this (year 5138; :data:`~torchstep_prof.traces.reading.events.MAX_TIME_US` in ns) or
 before 1970 are corrupt: such a base time would stretch a merged timeline over centuries, and no
@@ -218,25 +211,15 @@ def _base_time(path: str, trace: dict[str, Any]) -> int | None:
     value = trace.get("baseTimeNanoseconds")
     if value is None:
         return None
-    number = _finite(value)
-    if number is None or not 0 <= number <= MAX_EPOCH_NS:
+    # Exact types: a bool is no time. NaN and infinities fail the comparison.
+    if type(value) not in (int, float) or not 0 <= value <= MAX_EPOCH_NS:
         try:
             text = repr(value)
         except ValueError:  # an integer of more digits than Python prints
             text = "a huge integer"
         text = text if len(text) <= 24 else text[:21] + "..."
         raise TraceReadError(f"{path}: absurd baseTimeNanoseconds ({text}): not a time since 1970")
-    return value if isinstance(value, int) else int(number)
-
-
-def _finite(value: Any) -> float | None:
-    """A JSON number that makes sense as a time (finite); None otherwise."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            return float(value) if math.isfinite(value) else None
-        except OverflowError:  # an integer past a float's range
-            return None
-    return None
+    return value if isinstance(value, int) else int(value)
 
 
 def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
@@ -249,24 +232,20 @@ def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
     dist = trace.get("distributedInfo")
     dist = dist if isinstance(dist, dict) else {}
 
-    def pick(key: str, name_value: Any, dist_key: str | None = None) -> Any:
-        value = meta.get(key)
-        if key in ("role", "stage"):
-            value = _label(value)
-        else:
-            value = _int(value)
+    def pick(key: str, name_value: Any, in_dist: bool = False) -> Any:
+        value = _label(meta.get(key)) if key in ("role", "stage") else _int(meta.get(key))
         if value is None:
             value = name_value
-        if value is None and dist_key is not None:
-            value = _int(dist.get(dist_key))
+        if value is None and in_dist:
+            value = _int(dist.get(key))
         return value
 
     fields = {
         "role": pick("role", name and name.role),
         "stage": pick("stage", name and name.stage),
         "step": pick("step", name and name.step),
-        "rank": pick("rank", name and name.rank, "rank"),
-        "world_size": pick("world_size", name and name.world_size, "world_size"),
+        "rank": pick("rank", name and name.rank, in_dist=True),
+        "world_size": pick("world_size", name and name.world_size, in_dist=True),
         "pid": pick("pid", name and name.pid),
     }
     missing = [key for key in ("role", "stage", "step") if fields[key] is None]

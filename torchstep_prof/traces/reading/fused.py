@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 
 import attrs
 
-from .events import OpTime, RegionRange, outer_ranges, top_ops_by_region
+from .events import OpTime, RegionRange, outer_ranges, ranked_ops, top_ops_by_region
 
 __all__ = ["MAX_SPANS", "FusedRegions", "RegionSpan", "RegionTopOps", "read_fused_regions"]
 
@@ -97,14 +97,7 @@ def read_fused_regions(
         for op in ops:
             totals[op.name] = totals.get(op.name, 0.0) + op.self_ms
     region_ops = tuple(
-        RegionTopOps(
-            role=role,
-            stage=stage,
-            ops=tuple(
-                OpTime(name=name, self_ms=ms)
-                for name, ms in sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:top]
-            ),
-        )
+        RegionTopOps(role=role, stage=stage, ops=ranked_ops(totals, top, divisor=1.0))
         for (role, stage), totals in sorted(merged.items())
     )
     return FusedRegions(spans=tuple(spans), region_ops=region_ops, top_ops=overall)

@@ -13,11 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Optional
 
-from .events import region_time
+from .events import time_us, region_time
 
-__all__ = ["KERNEL_CATEGORY", "gpu_busy_ms", "trace_gpu_ms"]
-
-KERNEL_CATEGORY = "kernel"
+__all__ = ["gpu_busy_ms", "trace_gpu_ms"]
 
 
 def gpu_busy_ms(events: Iterable[Any], start_us: float, end_us: float) -> Optional[float]:
@@ -31,9 +29,10 @@ def gpu_busy_ms(events: Iterable[Any], start_us: float, end_us: float) -> Option
     intervals = []
     found = False
     for event in events:
-        if not isinstance(event, dict) or event.get("cat") != KERNEL_CATEGORY or event.get("ph") != "X":
+        if not isinstance(event, dict) or event.get("cat") != "kernel" or event.get("ph") != "X":
             continue
-        ts, dur = _time(event.get("ts")), _time(event.get("dur"))
+        # A kernel of negative start is left out, like one of no time.
+        ts, dur = time_us(event.get("ts"), duration=True), time_us(event.get("dur"), duration=True)
         if ts is None or dur is None:
             continue
         found = True
@@ -62,10 +61,3 @@ def trace_gpu_ms(trace: dict[str, Any], step: int) -> Optional[float]:
     if start_us is None:
         return None
     return gpu_busy_ms(events, start_us, start_us + wall_ms * 1000.0)
-
-
-def _time(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) and value >= 0 else None

@@ -15,7 +15,7 @@ import attrs
 
 from .events import MAX_TIME_US, is_operator
 
-__all__ = ["MEMORY_EVENT", "MEMORY_TOP_OPS", "MemoryUse", "OpBytes", "device_name", "read_memory"]
+__all__ = ["MEMORY_EVENT", "MEMORY_TOP_OPS", "MemoryUse", "OpBytes", "read_memory", "top_allocators"]
 
 MEMORY_EVENT = "[memory]"
 
@@ -45,16 +45,7 @@ class MemoryUse:
     top_ops: Tuple[OpBytes, ...] = ()
 
 
-def device_name(device_type: Any, device_id: Any) -> str:
-    """``cpu``, ``cuda:<id>``, or ``device<type>:<id>`` for another kind."""
-    if device_type == 0:
-        return "cpu"
-    if device_type == 1:
-        return f"cuda:{device_id}"
-    return f"device{device_type}:{device_id}"
-
-
-def read_memory(events: Iterable[Any], top: int = MEMORY_TOP_OPS) -> Tuple[MemoryUse, ...]:
+def read_memory(events: Iterable[Any]) -> Tuple[MemoryUse, ...]:
     """Each device's :class:`MemoryUse` in ``events`` (none when the trace has no memory events).
 
     >>> read_memory([{"ph": "i", "name": "[memory]", "ts": 1.0, "pid": 1, "tid": 1,
@@ -77,7 +68,8 @@ def read_memory(events: Iterable[Any], top: int = MEMORY_TOP_OPS) -> Tuple[Memor
                 continue
             size = args.get("Bytes")
             if type(size) is int:
-                device = device_name(args.get("Device Type"), args.get("Device Id"))
+                kind, index = args.get("Device Type"), args.get("Device Id")
+                device = "cpu" if kind == 0 else f"cuda:{index}" if kind == 1 else f"device{kind}:{index}"
                 threads.setdefault(track, []).append((ts, 1, size, device))
                 memory = True
         elif event.get("ph") == "X" and type(name) is str and is_operator(name, event.get("cat", "")):
@@ -115,12 +107,14 @@ def read_memory(events: Iterable[Any], top: int = MEMORY_TOP_OPS) -> Tuple[Memor
             device=device,
             peak_bytes=peak[device],
             net_bytes=level[device],
-            top_ops=tuple(
-                OpBytes(name=name, bytes=b, count=n)
-                for name, (b, n) in sorted(charged.get(device, {}).items(), key=lambda item: (-item[1][0], item[0]))[
-                    :top
-                ]
-            ),
+            top_ops=top_allocators(charged.get(device, {})),
         )
         for device in sorted(level)
     )
+
+
+def top_allocators(totals: dict[str, list[int]], per: int = 1) -> Tuple[OpBytes, ...]:
+    """The :data:`MEMORY_TOP_OPS` operators of ``totals`` (name: [bytes, calls]) that allocated
+    most, bytes first then name; their bytes and calls divided by ``per``."""
+    ranked = sorted(totals.items(), key=lambda item: (-item[1][0], item[0]))[:MEMORY_TOP_OPS]
+    return tuple(OpBytes(name=name, bytes=b // per, count=round(n / per)) for name, (b, n) in ranked)

@@ -17,7 +17,7 @@ import attrs
 
 from ..analysis.collectives import describe_waits
 from ..analysis.findings import describe_finding
-from ..analysis.span_clocks import JobClocks, TraceClock, describe_clocks, job_clocks
+from ..analysis.span_clocks import JobClocks, TraceClock, describe_clocks
 from .content import Report, TimelineBar
 from .diagnosis import baseline_section, memory_section, waits_section
 from .gantt import gantt_section
@@ -98,7 +98,12 @@ def _rank_sections(report: Report, chart: Any) -> list[str]:
     """Per step: its timeline, a row per rank and process (on the job's clock when the span
     files give each process's offset, as ``merge`` moves them), and a card per group."""
     colors = region_colors(report.bars)
-    clocks = job_clocks(report.timeline, report.spans or "?") if report.timeline is not None else None
+    ledger = report.timeline
+    clocks = (
+        JobClocks(folder=report.spans or "?", reference=ledger.reference, processes=ledger.processes)
+        if ledger is not None
+        else None
+    )
     out = []
     for step in sorted({g.step for g in report.summary.groups}):
         bars = [b for b in report.bars if b.step == step]
