@@ -87,3 +87,23 @@ def test_a_malformed_entry_is_read_again_from_its_trace(folder: Path, tmp_path: 
             assert "wrote" in done.stdout and "0 file(s) skipped" in done.stdout, what
         # The traces were read again, and the cache holds good entries again.
         assert json.loads(path.read_text())["entries"] == good["entries"], what
+
+
+def test_a_second_run_takes_each_traces_summary_from_the_cache(folder: Path, tmp_path: Path) -> None:
+    # Every field type a summary holds must round-trip (an Optional[float] once made every
+    # entry a miss: warm runs read every trace again, slower than cold ones). The cache's
+    # entries are given another wall time: a run that shows it took them from the cache.
+    cache = tmp_path / "cache"
+    first = cli("summarize", folder, "--json", cache=cache)
+    assert first.returncode == 0, first.stderr
+    (path,) = cache.iterdir()
+    doc = json.loads(path.read_text())
+    assert len(doc["entries"]) == 2
+    for entry in doc["entries"].values():
+        entry["info"][FIELD["wall_ms"]] = 12345.5
+    path.write_text(json.dumps(doc))
+    second = cli("summarize", folder, "--json", cache=cache)
+    assert second.returncode == 0, second.stderr
+    assert "12345.5" in second.stdout and "12345.5" not in first.stdout
+    fresh = cli("summarize", folder, "--json", "--no-cache", cache=cache)
+    assert json.loads(fresh.stdout) == json.loads(first.stdout)

@@ -86,6 +86,7 @@ _CHECKS = {
     bool: "{v}.__class__ is bool",
     float: "({v}.__class__ is float or {v}.__class__ is int)",
     Optional[int]: "({v} is None or {v}.__class__ is int)",
+    Optional[float]: "({v} is None or {v}.__class__ is float or {v}.__class__ is int)",
     Tuple[str, ...]: "({v}.__class__ is list and all(x.__class__ is str for x in {v}))",
 }
 
@@ -104,7 +105,9 @@ def _decoder(cls: type, given: tuple[str, ...] = ()) -> Any:
             checks.append(_CHECKS[hint].format(v=value))
             args.append(f"{name}=tuple({value})" if hint == Tuple[str, ...] else f"{name}={value}")
         else:  # Tuple[<record>, ...]: the nested decoder checks its rows
-            (record, _) = typing.get_args(hint)
+            record = typing.get_args(hint)[0]
+            if typing.get_origin(hint) is not tuple or not attrs.has(record):
+                raise TypeError(f"the summary cache cannot check {cls.__name__}.{name} ({hint}): add it to _CHECKS")
             scope[f"d_{name}"] = _decoder(record)
             args.append(f"{name}=d_{name}({value})")
     source = (f"def decode(rows, {', '.join(given)}):\n" if given else "def decode(rows):\n") + (
@@ -172,13 +175,14 @@ class SummaryCache:
         entry = self._entries.get(key[0])
         if not isinstance(entry, dict) or entry.get("size") != key[1] or entry.get("mtime_ns") != key[2]:
             return None
+        decode = _info_decoder()  # outside the try: a field type it cannot check is a bug to see, not a miss
         try:
             if "reason" in entry:
                 reason = entry["reason"]
                 return Unreadable(path=path, reason=reason) if isinstance(reason, str) else None
             if entry.get("top", 0) < top:
                 return None
-            (info,) = _info_decoder()([entry["info"]], path)
+            (info,) = decode([entry["info"]], path)
             return _trimmed(info, top)
         except Exception:  # an entry this code did not write (edited, torn): read the file again
             return None
