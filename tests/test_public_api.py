@@ -67,6 +67,31 @@ def test_a_schedule_in_force_loads_every_name_so_tsp_attribute_loads_are_plain()
     assert out.stdout.strip() == "True False [] module 'torchstep_prof' has no attribute 'no_such_thing'"
 
 
+def test_live_status_and_on_demand_traces_load_only_when_a_scope_turns_them_on(tmp_path):
+    # Most jobs never use them: their poll and status threads, request files and stall rule are
+    # not imported by training code (import time, docs/performance.md) until a scope opts in.
+    code = (
+        "import sys, torch, torchstep_prof as tsp\n"
+        "heavy = ('torchstep_prof.live.reporter', 'torchstep_prof.triggers.watcher', 'torchstep_prof.triggers.plan')\n"
+        "with tsp.configure(summary=False), tsp.schedule(steps=[10**9]), tsp.step(1), tsp.profile_region('a', 'b'):\n"
+        "    pass\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        f"with tsp.on_demand(dir={str(tmp_path)!r}), tsp.step(2), tsp.profile_region('a', 'b'):\n"
+        "    print(sorted(m for m in heavy if m in sys.modules), tsp.step.__module__)\n"
+        "from torchstep_prof.live.reporter import LIVE\n"
+        "from torchstep_prof.triggers.watcher import ON_DEMAND\n"
+        "print(LIVE.running, ON_DEMAND.running)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "[]",
+        "['torchstep_prof.live.reporter', 'torchstep_prof.triggers.plan', 'torchstep_prof.triggers.watcher'] "
+        "torchstep_prof.regions",
+        "None None",  # stopped as the scope exited
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) != []  # the poll thread wrote this rank's status
+
+
 def test_an_environment_schedule_loads_every_name_at_import():
     # Zero-code profiling may enter no scope at all: the import, after torch's, does it.
     code = "import torch, torchstep_prof as tsp; print('__getattr__' in vars(tsp), tsp.profile_region.__name__)"

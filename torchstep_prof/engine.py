@@ -27,17 +27,24 @@ from .recording.slot import FOREIGN, Exiting, ProfilerSlot
 from .recording.stopped import Outcome, StoppedTrace
 from .region_metrics.endpoint import serve as serve_metrics, when_started as when_metrics_start
 from .selection import open_blocks, steps
-from .selection.frames import Frame, HookScope, when_env_sets_a_hook, when_the_root_resolves
+from .selection.frames import (
+    Frame,
+    HookScope,
+    opts_in,
+    when_a_frame_opts_in,
+    when_env_sets_a_hook,
+    when_the_root_resolves,
+)
 from .selection.rules import StepAction, last_selected_step
 from .selection.steps import StepBlock
 from .topology import current_topology
-from .triggers.plan import use_engine as drive_on_demand_plans
+from .triggers.running import use_engine as drive_on_demand_plans
 
 if TYPE_CHECKING:
     from .summary.records import TraceRecord
     from .writing.writer import TraceWriter
 
-__all__ = ["ENGINE", "Engine"]
+__all__ = ["ENGINE", "Engine", "scope_opted_out"]
 
 _WRITER_LOCK = threading.Lock()  # makes the one writer (never held while it writes)
 
@@ -362,6 +369,34 @@ ENGINE = Engine()
 when_env_sets_a_hook(ENGINE.ensure_atexit)
 when_the_root_resolves(ENGINE.frame_in_force)
 drive_on_demand_plans(ENGINE)
+
+
+def _frame_opts_in(frame: Frame) -> None:
+    """A frame with an ``on_demand``, ``auto_trace`` or ``stall`` section was made (a scope
+    entered, or the environment read): start the on-demand poll thread, then the live status,
+    which may ride on it. Their modules are imported here, at the first such frame: a job that
+    never opts in never loads them (they cost most of ``import torchstep_prof``'s time)."""
+    from .live import reporter
+    from .triggers import watcher
+
+    watcher.watch(frame)
+    reporter.watch(frame)
+
+
+def scope_opted_out(frame: Frame, parent: Frame) -> None:
+    """The scope of ``frame`` exited: stop what it started (the poll thread, the live status)."""
+    if not opts_in(frame.config):  # it started nothing (its modules may not even be loaded)
+        return
+    from .live import reporter
+    from .triggers import watcher
+
+    try:
+        watcher.scope_left(frame, parent)
+    finally:
+        reporter.scope_left(frame, parent)
+
+
+when_a_frame_opts_in(_frame_opts_in)
 
 
 def _metrics_started(config: Any) -> None:

@@ -20,9 +20,9 @@ from . import engine as _engine
 from .selection import frames as _frames
 from .selection import open_blocks as _open_blocks
 from .selection import steps as _steps
-from .triggers import watcher as _watcher
+from .triggers import running as _on_demand
 from .live import open_regions as _live_regions
-from .live import reporter as _live_reporter
+from .live import running as _live
 from ._wrapping import around_each_call
 from .region_metrics import recorder as _recorder
 from .recording.range_names import RANGE_NAMES as _RANGE_NAMES
@@ -36,6 +36,11 @@ from .selection.rules import NONE as _NONE
 from .selection.rules import StepAction
 
 __all__ = ["Region", "begin_step", "end_step", "profile_region", "profiled", "step"]
+
+if TYPE_CHECKING:  # the workers a step boundary reads (their modules load only when a scope opts in)
+    from .live.reporter import Reporter
+    from .one_per_process import OnePerProcess
+    from .triggers.watcher import Watcher
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,14 +87,16 @@ CURRENT_STEP = _steps.CURRENT_STEP  # the step block in force: CURRENT_STEP.get(
 _STACK = _frames._STACK  # the innermost scope frame: _STACK.get(_ROOT)
 _COUNTERS = _steps.COUNTERS  # role -> stage -> counter: read on every counted region
 _GROUPS = group_registry()  # its _default_pg: the group a frame's rank_no holds for
-_ON_DEMAND = _watcher.ON_DEMAND  # its .running: the watcher, None unless a scope opted in to on-demand traces
+_ON_DEMAND: OnePerProcess[Watcher] = (
+    _on_demand.ON_DEMAND
+)  # its .running: the watcher, None unless a scope opted in to on-demand traces
 _Timed = _recorder.TimedRegion  # metrics on: a region timed, not profiled
 _TimedInner = _recorder.TimedInner  # metrics on: a range or a trace, timed
 _perf = _recorder._perf
 _record_step = _recorder.record_step
 _count = _steps.count  # the next number of (role, stage)'s counter
 _new_range: Callable[[str], Region] = new_range  # a torch range, not yet entered
-_LIVE = _live_reporter.LIVE  # its .running: the reporter, None unless a scope opted in to live status
+_LIVE: OnePerProcess[Reporter] = _live.LIVE  # its .running: the reporter, None unless a scope opted in to live status
 _OpenIdle = _live_regions.OpenIdle  # live status on: a not-profiled region, shown while open
 _OpenRegion = _live_regions.OpenRegion  # live status on: any other region, shown while open
 

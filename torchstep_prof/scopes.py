@@ -28,9 +28,7 @@ from .config.model import (
     SpansConfig,
     StallConfig,
 )
-from .engine import ENGINE
-from .triggers import watcher as _watcher
-from .live import reporter as _live
+from .engine import ENGINE, scope_opted_out
 from .errors import ConfigError, Problem
 from .selection.frames import _STACK, current_frame, frame_for
 
@@ -120,8 +118,7 @@ def _pushed(fields: dict[str, Any] | ProfilerConfig) -> Iterator[ProfilerConfig]
         try:
             ENGINE.scope_exited(frame, parent)
         finally:
-            _watcher.scope_left(frame, parent)  # the scope that opted in stops the poll thread
-            _live.scope_left(frame, parent)  # and the live status thread
+            scope_opted_out(frame, parent)  # the scope that opted in stops the poll thread and live status
 
 
 def _section(key: str, cls: Callable[..., Any], **values: Any) -> Scope:

@@ -26,11 +26,12 @@ from .._shared_files import replace_exclusively
 from ..config.model import ProfilerConfig, StallConfig
 from ..errors import TorchstepProfWarning, warn, warn_once
 from ..one_per_process import OnePerProcess
-from ..selection.frames import Frame, when_a_frame_opts_in
+from ..selection.frames import Frame
 from ..topology import current_topology
 from ..triggers.watcher import ON_DEMAND
 from . import sampling
 from .open_regions import open_regions
+from . import running
 from .stall import StallReport, fire
 from .status import live_path, stall_path
 
@@ -49,6 +50,10 @@ class LiveSettings:
     stall: Optional[StallConfig]
 
 
+# Re-exported with its worker's type (what step boundaries read: running.py).
+LIVE: OnePerProcess[Reporter] = running.LIVE
+
+
 def settings_of(config: ProfilerConfig) -> Optional[LiveSettings]:
     """The live status a config asks for: the ``stall`` section's (its ``dir`` unset: the
     ``on_demand`` folder, else ``<save_path>/status``), else the ``on_demand`` folder's
@@ -61,11 +66,6 @@ def settings_of(config: ProfilerConfig) -> Optional[LiveSettings]:
         return LiveSettings(dir=os.path.abspath(on_demand.dir), poll_s=on_demand.poll_s, stall=None)
     folder = stall.dir or (on_demand.dir if on_demand is not None else os.path.join(config.save_path, "status"))
     return LiveSettings(dir=os.path.abspath(folder), poll_s=stall.poll_s, stall=stall)
-
-
-# The one process-wide place a step boundary looks: ``LIVE.running`` is None unless a scope
-# opted in (so a job that did not pays one attribute read per step block).
-LIVE: OnePerProcess[Reporter] = OnePerProcess()
 
 
 class Reporter:
@@ -268,6 +268,3 @@ def scope_left(frame: Frame, parent: Frame) -> None:
     if settings is None or settings_of(parent.config) == settings:
         return
     LIVE.stop_if(lambda reporter: reporter.settings == settings)
-
-
-when_a_frame_opts_in(watch)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .missed_steps import ScheduleScope
 
 __all__ = [
-    "Frame", "HookScope", "current_frame", "env_hook_scope", "frame_if_read", "when_a_frame_opts_in",
+    "Frame", "HookScope", "current_frame", "env_hook_scope", "frame_if_read", "opts_in", "when_a_frame_opts_in",
     "when_env_sets_a_hook", "when_the_root_resolves",
 ]  # fmt: skip
 
@@ -38,14 +38,20 @@ def when_env_sets_a_hook(callback: Callable[[], None]) -> None:
     _ON_ENV_HOOK.append(callback)
 
 
-# Called with each new frame whose config sets ``on_demand``: triggers/watcher.py starts its
-# poll thread there (it registers itself; this module may not import it: it imports frames).
+# Called with each new frame that opts in (see opts_in): the engine starts the on-demand poll
+# thread and the live status there (it registers itself; this module may not import it).
 _ON_DEMAND_FRAMES: list[Callable[[Frame], None]] = []
 
 
 def when_a_frame_opts_in(callback: Callable[[Frame], None]) -> None:
-    """Call ``callback(frame)`` for each frame made with an ``on_demand`` or ``stall`` section."""
+    """Call ``callback(frame)`` for each frame made with an ``on_demand``, ``auto_trace`` or ``stall`` section."""
     _ON_DEMAND_FRAMES.append(callback)
+
+
+def opts_in(config: ProfilerConfig) -> bool:
+    """Whether a frame of ``config`` may start a background worker: the on-demand poll thread
+    (``on_demand``, ``auto_trace``) or the live status (``on_demand``, ``stall``)."""
+    return config.on_demand is not None or config.auto_trace is not None or config.stall is not None
 
 
 # Called with the root frame once it has read the environment: the engine starts there what a
@@ -331,7 +337,7 @@ def frame_for(code_config: ProfilerConfig, parent: Optional[Frame], sets_hook: b
     from .missed_steps import ScheduleScope
 
     frame.schedule_scope = ScheduleScope.for_frame(config.schedule, parent.schedule_scope if parent else None)
-    if config.on_demand is not None or config.auto_trace is not None or config.stall is not None:
+    if opts_in(config):
         for opted_in in _ON_DEMAND_FRAMES:
             opted_in(frame)
     return frame

@@ -129,7 +129,7 @@ class SlowWatch:
 
         Steps near a trace are left out: a profiled step (any: scheduled, requested or this
         watch's own), the warm-up before it, and the step after it are slower for it."""
-        from ..triggers.plan import ENGINE
+        from ..triggers.running import ENGINE
 
         plan = watcher.plan
         if plan is not None:

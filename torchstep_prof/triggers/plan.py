@@ -11,7 +11,7 @@ its last step. Steps this rank had passed when it read the request are reported,
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import attrs
 
@@ -21,34 +21,9 @@ from ..selection.frames import Frame, HookScope
 from ..selection.rules import rank_selected
 from ..topology import current_topology
 from .request import Request
+from .running import ENGINE
 
-if TYPE_CHECKING:
-    from ..recording.slot import ProfilerSlot
-
-__all__ = ["Plan", "TriggeredFrame", "use_engine"]
-
-
-class Engine(Protocol):
-    """What a plan uses of ``engine.Engine``: the engine imports this package, so it registers
-    itself here (:func:`use_engine`) instead of being imported."""
-
-    slot: ProfilerSlot  # the automatic-trace watch asks whether a trace is recording
-
-    def prepare(self, frame: Frame) -> None: ...
-
-    def finish(self, scope: HookScope, where: Any = None) -> None: ...
-
-    def ensure_atexit(self) -> None: ...
-
-
-# The process's one engine, registered when engine.py is imported: regions, scopes and the start-up
-# import it before any frame can opt in to on-demand traces.
-ENGINE: list[Engine] = []
-
-
-def use_engine(engine: Engine) -> None:
-    """Drive ``engine`` from on-demand plans: their warm-up, their finish hooks, the exit work."""
-    ENGINE[:] = [engine]
+__all__ = ["Plan", "TriggeredFrame"]
 
 
 class _Owner(Protocol):

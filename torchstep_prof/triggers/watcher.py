@@ -26,10 +26,12 @@ from .._shared_files import SharedFileError, replace_exclusively
 from ..config.model import OnDemandConfig
 from ..errors import ConfigError, TorchstepProfWarning, warn, warn_once
 from ..one_per_process import OnePerProcess
-from ..selection.frames import Frame, frame_if_read, when_a_frame_opts_in
+from ..selection.frames import Frame, frame_if_read
 from ..topology import current_topology
-from .plan import ENGINE, Plan
+from .plan import Plan
 from .request import MAX_ID_LENGTH, MAX_STEPS, REQUEST_FILE, Request, read_request, write_request
+from . import running
+from .running import ENGINE
 from .status import MAX_SERVED, RankStatus, read_status, read_statuses, status_path
 
 if TYPE_CHECKING:
@@ -39,9 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["ON_DEMAND", "Watcher", "scope_left", "watch"]
 
 
-# The one process-wide place a step boundary looks: ``ON_DEMAND.running`` is None unless a
-# scope opted in (so a job that did not pays one attribute read per step block).
-ON_DEMAND: OnePerProcess[Watcher] = OnePerProcess()
+# Re-exported with its worker's type (what step boundaries read: running.py).
+ON_DEMAND: OnePerProcess[Watcher] = running.ON_DEMAND
 _RATE_SAMPLES = 6  # the step rate is measured over the last few polls: it follows a job that speeds up
 _MAX_WARNINGS = 20  # different warnings one poll thread gives
 
@@ -396,6 +397,3 @@ def _tick() -> float:
     from ..slow_steps.watch import TICK_S
 
     return TICK_S
-
-
-when_a_frame_opts_in(watch)
