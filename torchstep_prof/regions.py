@@ -87,9 +87,8 @@ CURRENT_STEP = _steps.CURRENT_STEP  # the step block in force: CURRENT_STEP.get(
 _STACK = _frames._STACK  # the innermost scope frame: _STACK.get(_ROOT)
 _COUNTERS = _steps.COUNTERS  # role -> stage -> counter: read on every counted region
 _GROUPS = group_registry()  # its _default_pg: the group a frame's rank_no holds for
-_ON_DEMAND: OnePerProcess[Watcher] = (
-    _on_demand.ON_DEMAND
-)  # its .running: the watcher, None unless a scope opted in to on-demand traces
+# Its .running: the watcher, None unless a scope opted in to on-demand traces.
+_ON_DEMAND: OnePerProcess[Watcher] = _on_demand.ON_DEMAND
 _Timed = _recorder.TimedRegion  # metrics on: a region timed, not profiled
 _TimedInner = _recorder.TimedInner  # metrics on: a range or a trace, timed
 _perf = _recorder._perf
