@@ -164,6 +164,8 @@ def test_missed_served_once_malformed_and_status(tmp_path):
     try:
         wait_for("step 10", lambda: (statuses(od).get(0, {}).get("step") or 0) >= 10, job, log)
         (od / "request.json").write_text(json.dumps({"id": "bad1", "steps": [40, "x"], "rank": [0]}))
+        # Read before the next request replaces it (a loaded machine may poll late).
+        wait_for("the malformed request read", lambda: "is malformed" in log.read_text(), job, log)
         missed = request_of(trigger(str(od), "--at", "2", "--next", "2"), od)
         wait_for("the missed request served", lambda: served(od, missed["id"], 1), job, log)
         wait_for("phase 1 over", lambda: "phase 1 done" in log.read_text(), job, log)
