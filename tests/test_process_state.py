@@ -24,7 +24,6 @@ CONSTANTS = {
     ("config.environment", "_EMPTY"): "the empty layer (frozen)",
     ("config.files", "CONFIG_FORMATS"): "file suffixes and their formats",
     ("config.files", "_PARSERS"): "the parser of each format",
-    ("config.files", "_TOML_ESCAPES"): "TOML escapes",
     ("regions", "_IDLE_REGION"): "the shared no-op region (no attributes)",
     ("recording.slot_states", "ON_START"): "what a start does in each slot state (a table)",
     ("recording.slot_states", "TRANSITIONS"): "the slot's moves (a table)",

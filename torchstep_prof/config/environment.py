@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
-from .model import ProfilerConfig
+from .model import FinishHookConfig, ProfilerConfig
 from .variables import ENV_CHILDREN, ENV_CONFIG, ENV_OVERRIDES, ENV_OWNER, ENV_SUMMARY
 from ..errors import ConfigError, Problem
 
@@ -62,10 +62,8 @@ class EnvironmentLayer:
         cached = self._applied.get(base)
         if cached is not None:
             return cached
-        from .overrides import apply_overrides
-
         try:
-            result = apply_overrides(base, _fitting(base, self.overrides))
+            result = _apply(base, self.overrides)
         except ConfigError as exc:
             raise _from_variable(exc, ENV_OVERRIDES) from None
         if len(self._applied) >= _MAX_CACHED_APPLIES:
@@ -74,36 +72,22 @@ class EnvironmentLayer:
         return result
 
 
-def _fitting(base: ProfilerConfig, overrides: tuple[Override, ...]) -> tuple[Override, ...]:
-    """The overrides that apply to ``base``.
+def _apply(base: ProfilerConfig, overrides: tuple[Override, ...]) -> ProfilerConfig:
+    """``apply_overrides``, but overrides that only tune a hook's fields (``finish_hook.timeout_s=60``)
+    wait for a config that has a hook.
 
     The layer is applied at every scope, also to those entered before the code's ``on_finish``
-    (no hook yet): overrides that only tune a hook's fields (``finish_hook.timeout_s=60``) wait
-    for a config that has one, instead of failing for want of a command. (Their values are
-    checked once, up front, against a placeholder hook: see :func:`_parse_overrides`.)
+    (no hook yet): there such overrides are applied to a placeholder hook, which checks their
+    values (no other field's value changes whether one is valid), and the hook is dropped again,
+    instead of failing for want of a command.
     """
-    if not _defers_hook_fields(base, overrides):
-        return overrides
-    return tuple(o for o in overrides if not _tunes_hook(o))
+    from .overrides import apply_overrides
 
-
-def _tunes_hook(override: Override) -> bool:
-    return override.path[0] == "finish_hook" and len(override.path) > 1 and override.path[1] != "cmd"
-
-
-def _defers_hook_fields(base: ProfilerConfig, overrides: tuple[Override, ...]) -> bool:
-    """Whether ``overrides`` tune the fields of a hook that neither ``base`` nor they define."""
     makes_hook = any(o.path[0] == "finish_hook" and (len(o.path) == 1 or o.path[1] == "cmd") for o in overrides)
-    return base.finish_hook is None and not makes_hook and any(_tunes_hook(o) for o in overrides)
-
-
-def _checking_base(base: ProfilerConfig) -> ProfilerConfig:
-    """``base`` with a placeholder hook, for checking the values of overrides whose hook
-    command will come from the code's ``on_finish`` (its fields are checked field by field:
-    no other field's value changes whether one is valid)."""
-    from .model import FinishHookConfig
-
-    return attrs.evolve(base, finish_hook=FinishHookConfig(cmd="the code's on_finish command"))
+    if base.finish_hook is not None or makes_hook:
+        return apply_overrides(base, overrides)
+    placeholder = attrs.evolve(base, finish_hook=FinishHookConfig(cmd="the code's on_finish command"))
+    return attrs.evolve(apply_overrides(placeholder, overrides), finish_hook=None)
 
 
 _EMPTY = EnvironmentLayer()
@@ -181,15 +165,12 @@ def _parse(path: str | None, overrides_text: str | None) -> EnvironmentLayer:
             problems += exc.problems
     if problems:
         raise ConfigError(problems)
-    layer = EnvironmentLayer(
+    return EnvironmentLayer(
         config_path=path,
         config=config,
         overrides=overrides,
         sets_finish_hook=_sets_finish_hook(config, overrides),
     )
-    if config is not None and overrides:
-        layer.apply(config)  # the result no longer depends on the code: check it now
-    return layer
 
 
 def _parse_overrides(text: str, base: ProfilerConfig) -> tuple[Override, ...]:
@@ -198,7 +179,7 @@ def _parse_overrides(text: str, base: ProfilerConfig) -> tuple[Override, ...]:
     and every bad value of the others."""
     import shlex
 
-    from .overrides import apply_overrides, parse_each
+    from .overrides import parse_each
 
     try:
         words = shlex.split(text)
@@ -209,10 +190,8 @@ def _parse_overrides(text: str, base: ProfilerConfig) -> tuple[Override, ...]:
     overrides, problems = parse_each(words)
     # Every value is checked now, also those of hook fields whose command the code's on_finish
     # gives later (deferred, not ignored: a bad one is an error at the first scope either way).
-    if _defers_hook_fields(base, overrides):
-        base = _checking_base(base)
     try:
-        apply_overrides(base, overrides)
+        _apply(base, overrides)
     except ConfigError as exc:
         problems += exc.problems
     if problems:

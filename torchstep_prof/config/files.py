@@ -316,30 +316,6 @@ def _to_toml(data: dict[str, Any]) -> str:
 
 
 def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):  # always finite: the config classes refuse inf and nan
-        return repr(value)  # '300.0', '1e-05': both valid TOML floats
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} to TOML")
-
-
-_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
-
-
-def _toml_string(text: str) -> str:
-    # A basic string: TOML forbids raw control characters (DEL included) inside one.
-    out = []
-    for ch in text:
-        if ch in _TOML_ESCAPES:
-            out.append(_TOML_ESCAPES[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04X}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
+    # A scalar or a list of scalars (the config classes refuse inf and nan) is written the same in
+    # JSON and TOML, but for DEL, which TOML forbids raw in a string.
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
