@@ -12,7 +12,7 @@ import pytest
 
 import torchstep_prof as tsp
 from torchstep_prof.config.converter import from_dict
-from torchstep_prof.config.overrides import apply_overrides, parse_overrides
+from torchstep_prof.config.overrides import apply_overrides
 from torchstep_prof.slow_steps.rule import Budget, Detector
 
 from dist_helpers import worker_env
@@ -103,7 +103,7 @@ def test_the_budget_refuses_with_the_reason():
 def test_the_config_section_from_files_overrides_and_scope():
     config = from_dict({"auto_trace": {"on": "actor/forward", "factor": 3, "peers": 0}})
     assert (config.auto_trace.on, config.auto_trace.factor, config.auto_trace.peers) == ("actor/forward", 3, 0)
-    overridden = apply_overrides(tsp.ProfilerConfig(), parse_overrides(["auto_trace.next=4"]))
+    overridden = apply_overrides(tsp.ProfilerConfig(), ["auto_trace.next=4"])
     assert overridden.auto_trace == tsp.AutoTraceConfig(next=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # off alone: the next test sees it said, in a process of its own

@@ -129,8 +129,19 @@ def _optional(check: _Check) -> _Check:
     return lambda key, value: [] if value is None else check(key, value)
 
 
-def _int_list(*, minimum: int, unique: bool, non_empty: bool) -> _Check:
-    item_check = _int_at_least(minimum)
+def _at_most(check: _Check, most: float, unit: str = "") -> _Check:
+    def bounded(key: str, value: Any) -> list[Problem]:
+        found = check(key, value)
+        if not found and value > most:
+            found.append(Problem(key, f"must be at most {most:g}{unit} (got {value!r})"))
+        return found
+
+    return bounded
+
+
+def _int_list(*, non_empty: bool) -> _Check:
+    """A list of integers >= 0 (steps, ranks), none repeated."""
+    item_check = _int_at_least(0)
 
     def check(key: str, value: Any) -> list[Problem]:
         if not isinstance(value, tuple):
@@ -138,7 +149,7 @@ def _int_list(*, minimum: int, unique: bool, non_empty: bool) -> _Check:
         if non_empty and not value:
             return [Problem(key, "must list at least one value (got [])")]
         found = [p for i, item in enumerate(value) for p in item_check(f"{key}[{i}]", item)]
-        if unique and not found and len(set(value)) != len(value):
+        if not found and len(set(value)) != len(value):
             repeated = sorted({v for v in value if value.count(v) > 1})
             found.append(Problem(key, f"must not repeat a value (got {list(value)}; repeated {repeated})"))
         return found
@@ -183,7 +194,7 @@ class ScheduleConfig:
         problems = _validate(
             self,
             {
-                "steps": _optional(_int_list(minimum=0, unique=True, non_empty=True)),
+                "steps": _optional(_int_list(non_empty=True)),
                 "skip_first": _int_at_least(0),
                 "wait": _int_at_least(0),
                 "warmup": _int_at_least(0),
@@ -247,7 +258,7 @@ class FinishHookConfig:
         problems = _validate(
             self,
             {
-                "ranks": _optional(_int_list(minimum=0, unique=True, non_empty=False)),
+                "ranks": _optional(_int_list(non_empty=False)),
                 "all_ranks": _bool,
                 "per_node": _bool,
                 "wait": _bool,
@@ -300,11 +311,7 @@ MAX_POLL_S = 3600.0
 """The longest ``on_demand.poll_s``: a job that polls less often than hourly cannot serve requests."""
 
 
-def _poll_seconds(key: str, value: Any) -> list[Problem]:
-    problems = _seconds(allow_zero=False)(key, value)
-    if not problems and value > MAX_POLL_S:
-        problems.append(Problem(key, f"must be at most {MAX_POLL_S:g} seconds (got {value!r})"))
-    return problems
+_poll_seconds = _at_most(_seconds(allow_zero=False), MAX_POLL_S, " seconds")
 
 
 DEFAULT_METRICS_PORT = 18400
@@ -383,15 +390,12 @@ class MetricsConfig:
         _raise_if(_validate(self, {"enable": _bool, "port": _port, "addr": _address, "buckets": _buckets}))
 
 
-def _number_over(minimum: float) -> _Check:
-    def check(key: str, value: Any) -> list[Problem]:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return [Problem(key, f"must be a finite number > {minimum:g} (got {value!r})")]
-        if value <= minimum:
-            return [Problem(key, f"must be > {minimum:g} (got {value!r})")]
-        return []
-
-    return check
+def _over_one(key: str, value: Any) -> list[Problem]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return [Problem(key, f"must be a finite number > 1 (got {value!r})")]
+    if value <= 1:
+        return [Problem(key, f"must be > 1 (got {value!r})")]
+    return []
 
 
 def _watched(key: str, value: Any) -> list[Problem]:
@@ -407,16 +411,6 @@ def _milliseconds(key: str, value: Any) -> list[Problem]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return [Problem(key, f"must be a finite number of milliseconds >= 0 (got {value!r})")]
     return []
-
-
-def _at_most(check: _Check, most: int) -> _Check:
-    def bounded(key: str, value: Any) -> list[Problem]:
-        found = check(key, value)
-        if not found and value > most:
-            found.append(Problem(key, f"must be at most {most} (got {value!r})"))
-        return found
-
-    return bounded
 
 
 @attrs.frozen(kw_only=True)
@@ -447,7 +441,7 @@ class AutoTraceConfig:
                 self,
                 {
                     "on": _watched,
-                    "factor": _number_over(1.0),
+                    "factor": _over_one,
                     "min_ms": _milliseconds,
                     "baseline_steps": _int_at_least(3),
                     "next": _at_most(_int_at_least(1), 100),  # an on-demand request's most steps
@@ -576,7 +570,7 @@ class ProfilerConfig:
                 "gzip": _bool,
                 "summary": _bool,
                 "process_role": _optional(_check_role),
-                "ranks": _int_list(minimum=0, unique=True, non_empty=False),
+                "ranks": _int_list(non_empty=False),
                 "all_ranks": _bool,
                 "contents": _check_contents,
             },

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
-from typing import Any, Iterable, Optional, Tuple, Union
+from typing import Any, Iterable, Optional, Tuple, Union, get_type_hints
 
 import attrs
 
@@ -19,7 +19,7 @@ from .files import parse_yaml
 from .converter import from_dict, schema, suggest, to_dict
 from ..errors import ConfigError, Problem
 
-__all__ = ["Override", "apply_overrides", "parse_overrides"]
+__all__ = ["Override", "apply_overrides", "parse_each"]
 
 
 @attrs.frozen(kw_only=True)
@@ -30,35 +30,14 @@ class Override:
     path: tuple[str, ...]
     value: Any
 
-    @property
-    def key(self) -> str:
-        """The dotted key path, ``schedule.steps``."""
-        return ".".join(self.path)
-
-
-def parse_overrides(overrides: Iterable[str | Override]) -> tuple[Override, ...]:
-    """Parse and check ``key=value`` strings against the schema, without any config.
-
-    Malformed strings, invalid YAML values and keys that do not exist are all reported at once.
-    The values themselves are checked when applied (a hook's ``timeout_s`` may need the code's
-    ``cmd``).
-
-    >>> [o.value for o in parse_overrides(["schedule.steps=[1,3]", "finish_hook.cmd=echo hi"])]
-    [[1, 3], 'echo hi']
-    """
-    parsed, problems = parse_each(overrides)
-    if problems:
-        raise ConfigError(problems)
-    return parsed
-
 
 def parse_each(overrides: Iterable[str | Override]) -> tuple[tuple[Override, ...], list[Problem]]:
     """The overrides that parse, and the problems of those that do not (all reported together
     by whoever also checks the values: ``apply_overrides``, the environment's layer).
 
     >>> parsed, problems = parse_each(["gzip=true", "noequals"])
-    >>> [o.key for o in parsed], [str(p) for p in problems]
-    (['gzip'], ["override 'noequals' has no '=' (expected key=value, e.g. schedule.steps=[1,3])"])
+    >>> [o.path for o in parsed], [str(p) for p in problems]
+    ([('gzip',)], ["override 'noequals' has no '=' (expected key=value, e.g. schedule.steps=[1,3])"])
     """
     parsed: list[Override] = []
     problems: list[Problem] = []
@@ -141,7 +120,7 @@ def _check_path(text: str, path: tuple[str, ...]) -> None:
                         where,
                         f"override {text!r} sets a key inside {parent}, which is "
                         f"a value, not a section (sections: "
-                        f"{', '.join(_section_keys())})",
+                        f"{', '.join(k for k, section in schema(ProfilerConfig).items() if section)})",
                     )
                 ]
             )
@@ -151,15 +130,12 @@ def _check_path(text: str, path: tuple[str, ...]) -> None:
         cls = fields[segment]
 
 
-def _section_keys() -> list[str]:
-    return [k for k, section in schema(ProfilerConfig).items() if section is not None]
-
-
 def _parse_value(text: str, path: tuple[str, ...], raw: str) -> Any:
     import yaml  # only when overrides are used: PyYAML costs more than the config model
 
-    if _is_text_field(path):
-        return _text_value(raw, path)
+    field_type = _field_type(path)
+    if field_type in _TEXT:  # save_path, process_role, a hook's cmd
+        return _text_value(raw, field_type)
     try:
         value = parse_yaml(raw)
     except ConfigError as exc:  # a key given twice: `schedule={steps: [1], steps: [2]}`
@@ -182,13 +158,12 @@ def _parse_value(text: str, path: tuple[str, ...], raw: str) -> Any:
     return value
 
 
-def _text_value(raw: str, path: tuple[str, ...]) -> Any:
+def _text_value(raw: str, field_type: Any) -> Any:
     """A text field's value: the text typed (`finish_hook.cmd=echo #hi` is that command,
     `save_path=on` that folder, `cmd='/opt/my tools/up' --all` that shell line), except a
     whole quoted string (unquoted), ``null`` for an optional field, and a ``[...]`` list for a
     command (run without a shell)."""
     text = raw.strip()
-    field_type = _field_type(path)
     if field_type == Optional[str] and text in ("null", "~", "Null", "NULL", ""):
         return None
     if text[:1] in ("'", '"') or (field_type == Union[str, Tuple[str, ...]] and text.startswith("[")):
@@ -205,16 +180,10 @@ def _field_type(path: tuple[str, ...]) -> Any:
     cls: Any = ProfilerConfig
     for segment in path[:-1]:
         cls = schema(cls)[segment]
-    attrs.resolve_types(cls)  # the annotations are strings (PEP 563) until resolved
-    return attrs.fields_dict(cls)[path[-1]].type
+    return get_type_hints(cls)[path[-1]]  # the annotations are strings (PEP 563)
 
 
 _TEXT = (str, Optional[str], Union[str, Tuple[str, ...]])
-
-
-def _is_text_field(path: tuple[str, ...]) -> bool:
-    """Fields whose value is text (``save_path``, ``process_role``, a hook's ``cmd``)."""
-    return _field_type(path) in _TEXT
 
 
 def _yaml_reason(exc: Exception) -> str:
@@ -225,7 +194,7 @@ def _yaml_reason(exc: Exception) -> str:
 
 
 # A schedule is an explicit list of steps or a cycle, never both (ScheduleConfig says so).
-_CYCLE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
+_CYCLE_FIELDS: tuple[str, ...] = ("skip_first", "wait", "warmup", "active", "repeat")
 
 
 def _set(data: dict[str, Any], override: Override, done: set[tuple[str, ...]]) -> None:
@@ -234,17 +203,13 @@ def _set(data: dict[str, Any], override: Override, done: set[tuple[str, ...]]) -
         # Overriding one form of the schedule replaces the other form where it came from the
         # base config (the code's `schedule(wait=1, ...)` under `schedule.steps=[2]`); where
         # an earlier override set it, the contradiction is the user's and is reported.
-        schedule = data["schedule"]
-        replaced: tuple[str, ...]
         if override.path[1] == "steps" and override.value is not None:
             replaced = _CYCLE_FIELDS
-        elif override.path[1] in _CYCLE_FIELDS:
-            replaced = ("steps",)
         else:
-            replaced = ()
+            replaced = ("steps",) if override.path[1] in _CYCLE_FIELDS else ()
         for field in replaced:
             if ("schedule", field) not in done:
-                schedule.pop(field, None)
+                data["schedule"].pop(field, None)
     *parents, last = override.path
     node = data
     for segment in parents:
