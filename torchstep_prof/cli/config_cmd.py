@@ -35,22 +35,18 @@ def run(args: argparse.Namespace) -> int:
     from ..config.files import format_config, load_config
     from ..config.environment import read_environment
 
+    path = args.check if args.check is not None else args.file
     try:
-        if args.check is not None:
-            load_config(args.check)
-            print(f"OK: {args.check}")
-            return 0
-        if args.file is not None:
-            cfg = load_config(args.file)
-        else:
-            cfg = read_environment().apply(ProfilerConfig())
+        cfg = read_environment().apply(ProfilerConfig()) if path is None else load_config(path)
     except ConfigError as exc:
         # One line per problem, each naming the file it is in (a problem with the whole file,
         # or one from the environment, names its source already).
         out = sys.stdout if args.check is not None else sys.stderr
-        path = args.check or args.file
         for problem in exc.problems:
             print(f"{path}: {problem}" if path and problem.path else str(problem), file=out)
         return 1
+    if args.check is not None:
+        print(f"OK: {args.check}")
+        return 0
     sys.stdout.write(format_config(cfg, "yaml"))
     return 0

@@ -15,7 +15,7 @@ def evolve_checked(
 ) -> ProfilerConfig:
     """``base`` with ``fields`` set; one ``ConfigError`` listing every problem (unknown keys,
     bad values, bad sections, plus any already in ``problems``), as a config file gets."""
-    from .converter import from_dict, schema, suggest
+    from .converter import from_dict, in_field_order, schema, suggest
 
     sections = schema(ProfilerConfig)  # each key, and its section class (None: a plain value)
     problems = list(problems or ())
@@ -34,14 +34,6 @@ def evolve_checked(
         result = attrs.evolve(base, **values)
     except ConfigError as exc:
         problems += exc.problems
-    if problems:
-        order = list(fields)
-        ordered = sorted(problems, key=lambda p: _position(p, order))  # apart: a list of Problem
-        raise ConfigError(ordered)
+    if problems:  # in the order the fields were given; any about another key first
+        raise ConfigError(in_field_order(problems, list(fields), -1))
     return result
-
-
-def _position(problem: Problem, order: list[str]) -> int:
-    """Where a problem's field was given, so the report reads like the call."""
-    head = problem.path.split(".", 1)[0].split("[", 1)[0]
-    return order.index(head) if head in order else -1

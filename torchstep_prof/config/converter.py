@@ -38,7 +38,7 @@ from ..errors import ConfigError, Problem
 if TYPE_CHECKING:
     import cattrs
 
-__all__ = ["from_dict", "schema", "suggest", "to_dict"]
+__all__ = ["from_dict", "in_field_order", "schema", "suggest", "to_dict"]
 
 C = TypeVar("C", bound=attrs.AttrsInstance)  # the config classes: attrs classes
 
@@ -53,8 +53,9 @@ _CONFIG_CLASSES = (
     SpansConfig,
 )
 
-# A required field that is missing still gets a stand-in value, so that the class's validators
-# can report the *other* fields' problems in the same error ("every problem at once").
+# A required field that is missing (each has one here) still gets a stand-in value, so that the
+# class's validators can report the *other* fields' problems in the same error ("every problem
+# at once").
 _STAND_INS: dict[tuple[type, str], Any] = {
     (FinishHookConfig, "cmd"): "true",
     (OnDemandConfig, "dir"): ".",
@@ -164,14 +165,13 @@ def _structure_config(data: Any, cls: type[C]) -> C:
             kwargs[key] = tuple(value) if isinstance(value, list) else value
     missing = [f.name for f in attrs.fields(cls) if f.default is attrs.NOTHING and f.name not in kwargs]
     problems += [Problem(name, "required") for name in missing]
-    if all((cls, name) in _STAND_INS for name in missing):
-        kwargs.update({name: _STAND_INS[cls, name] for name in missing})
-        try:
-            instance = cls(**kwargs)
-        except ConfigError as exc:
-            problems += exc.problems
+    kwargs.update({name: _STAND_INS[cls, name] for name in missing})
+    try:
+        instance = cls(**kwargs)
+    except ConfigError as exc:
+        problems += exc.problems
     if problems:
-        raise ConfigError(_in_field_order(problems, list(fields)))
+        raise ConfigError(in_field_order(problems, list(fields), len(fields)))
     return instance
 
 
@@ -201,12 +201,12 @@ def _structure_section(key: str, value: Any, section: type, problems: list[Probl
         return None
 
 
-def _in_field_order(problems: list[Problem], fields: list[str]) -> list[Problem]:
-    """Problems sorted as the fields are declared (stable; unknown keys last), so the report
-    reads like the file."""
+def in_field_order(problems: list[Problem], fields: list[str], unknown: int) -> list[Problem]:
+    """Problems sorted (stably) as ``fields`` are listed, so the report reads like the file or
+    the call; a problem whose key is not in ``fields`` sorts as if at index ``unknown``."""
 
     def position(problem: Problem) -> int:
         head = problem.path.split(".", 1)[0].split("[", 1)[0]
-        return fields.index(head) if head in fields else len(fields)
+        return fields.index(head) if head in fields else unknown
 
     return sorted(problems, key=position)

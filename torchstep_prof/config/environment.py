@@ -65,7 +65,7 @@ class EnvironmentLayer:
         try:
             result = _apply(base, self.overrides)
         except ConfigError as exc:
-            raise _from_variable(exc, ENV_OVERRIDES) from None
+            raise ConfigError(_from_variable(exc.problems, ENV_OVERRIDES)) from None
         if len(self._applied) >= _MAX_CACHED_APPLIES:
             self._applied.clear()
         self._applied[base] = result
@@ -156,13 +156,11 @@ def _parse(path: str | None, overrides_text: str | None) -> EnvironmentLayer:
         try:
             config = load_config(path)
         except ConfigError as exc:
-            problems += _from_variable(exc, ENV_CONFIG, path).problems
+            problems += _from_variable(exc.problems, ENV_CONFIG, path)
     overrides: tuple[Override, ...] = ()
     if overrides_text is not None:
-        try:
-            overrides = _parse_overrides(overrides_text, config or ProfilerConfig())
-        except ConfigError as exc:
-            problems += exc.problems
+        overrides, found = _parse_overrides(overrides_text, config or ProfilerConfig())
+        problems += found
     if problems:
         raise ConfigError(problems)
     return EnvironmentLayer(
@@ -173,10 +171,10 @@ def _parse(path: str | None, overrides_text: str | None) -> EnvironmentLayer:
     )
 
 
-def _parse_overrides(text: str, base: ProfilerConfig) -> tuple[Override, ...]:
-    """The parsed overrides, their values checked against ``base`` (the file's config, or the
-    defaults) as ``apply_overrides`` does; one error listing the overrides that do not parse
-    and every bad value of the others."""
+def _parse_overrides(text: str, base: ProfilerConfig) -> tuple[tuple[Override, ...], list[Problem]]:
+    """The overrides that parse, and the problems (naming the variable) of those that do not and
+    of every bad value of the others, checked against ``base`` (the file's config, or the
+    defaults) as ``apply_overrides`` does."""
     import shlex
 
     from .overrides import parse_each
@@ -184,9 +182,7 @@ def _parse_overrides(text: str, base: ProfilerConfig) -> tuple[Override, ...]:
     try:
         words = shlex.split(text)
     except ValueError as exc:
-        raise ConfigError(
-            [Problem("", f"{ENV_OVERRIDES}: cannot split {text!r} like a shell command line ({exc})")]
-        ) from None
+        return (), [Problem("", f"{ENV_OVERRIDES}: cannot split {text!r} like a shell command line ({exc})")]
     overrides, problems = parse_each(words)
     # Every value is checked now, also those of hook fields whose command the code's on_finish
     # gives later (deferred, not ignored: a bad one is an error at the first scope either way).
@@ -194,9 +190,7 @@ def _parse_overrides(text: str, base: ProfilerConfig) -> tuple[Override, ...]:
         _apply(base, overrides)
     except ConfigError as exc:
         problems += exc.problems
-    if problems:
-        raise _from_variable(ConfigError(problems), ENV_OVERRIDES) from None
-    return overrides
+    return overrides, _from_variable(problems, ENV_OVERRIDES)
 
 
 def _sets_finish_hook(config: ProfilerConfig | None, overrides: tuple[Override, ...]) -> bool:
@@ -208,16 +202,16 @@ def _sets_finish_hook(config: ProfilerConfig | None, overrides: tuple[Override, 
     return has_hook
 
 
-def _from_variable(exc: ConfigError, variable: str, value: str | None = None) -> ConfigError:
-    """``exc`` with each line saying which variable it came from.
+def _from_variable(problems: list[Problem], variable: str, value: str | None = None) -> list[Problem]:
+    """``problems``, each saying which variable it came from.
 
     A problem with the whole file already names it; a key path gets ``VAR=value:`` in front.
     """
     keyed = f"{variable}={value}" if value is not None else variable
-    return ConfigError(
+    return [
         Problem(f"{keyed}: {p.path}", p.message) if p.path else Problem("", f"{variable}: {p.message}")
-        for p in exc.problems
-    )
+        for p in problems
+    ]
 
 
 # --- who owns the environment's configuration (docs/reliability.md, "Child processes") ---------

@@ -252,10 +252,8 @@ class _JsonObject(dict):
 
     def __init__(self, pairs: list[tuple[str, Any]]) -> None:
         super().__init__(pairs)
-        self.repeated: list[str] = []
-        if len(self) != len(pairs):
-            counts = collections.Counter(key for key, _ in pairs)
-            self.repeated = [key for key in self if counts[key] > 1]
+        counts = collections.Counter(key for key, _ in pairs)
+        self.repeated = [key for key in self if counts[key] > 1]
 
 
 def _plain(value: Any, path: str, problems: list[Problem]) -> Any:

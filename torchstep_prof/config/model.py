@@ -399,12 +399,9 @@ def _over_one(key: str, value: Any) -> list[Problem]:
 
 
 def _watched(key: str, value: Any) -> list[Problem]:
-    allowed = "'step', or a region as '<role>/<stage>'"
-    if not isinstance(value, str) or not value:
-        return [Problem(key, f"must be {allowed} (got {value!r})")]
-    if value != "step" and not all(value.partition("/")[::2]):
-        return [Problem(key, f"must be {allowed} (got {value!r})")]
-    return []
+    if isinstance(value, str) and (value == "step" or all(value.partition("/")[::2])):
+        return []
+    return [Problem(key, f"must be 'step', or a region as '<role>/<stage>' (got {value!r})")]
 
 
 def _milliseconds(key: str, value: Any) -> list[Problem]:
