@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-import types
 import typing
 from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
@@ -117,10 +116,9 @@ def suggest(key: str, allowed: Any) -> str:
 
 
 def _section_class(hint: Any) -> type | None:
-    """``ScheduleConfig`` for ``Optional[ScheduleConfig]``; ``None`` for a plain value."""
-    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    candidates = typing.get_args(hint) if is_union else (hint,)
-    classes = [c for c in candidates if isinstance(c, type) and attrs.has(c)]
+    """``ScheduleConfig`` for ``Optional[ScheduleConfig]`` (every section's hint); ``None`` for a
+    plain value."""
+    classes = [c for c in typing.get_args(hint) if isinstance(c, type) and attrs.has(c)]
     return classes[0] if classes else None
 
 

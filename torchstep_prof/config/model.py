@@ -258,6 +258,7 @@ class FinishHookConfig:
         problems = _validate(
             self,
             {
+                "cmd": _check_command,
                 "ranks": _optional(_int_list(non_empty=False)),
                 "all_ranks": _bool,
                 "per_node": _bool,
@@ -266,7 +267,6 @@ class FinishHookConfig:
                 "timeout_s": _hook_timeout,
             },
         )
-        problems[:0] = _check_command(self.cmd)
         if not isinstance(self.relocate, tuple):
             problems.append(Problem("relocate", f"must be a list of directories (got {self.relocate!r})"))
         else:
@@ -274,21 +274,21 @@ class FinishHookConfig:
         _raise_if(problems)
 
 
-def _check_command(cmd: Any) -> list[Problem]:
+def _check_command(key: str, cmd: Any) -> list[Problem]:
     if isinstance(cmd, str):
-        return [] if cmd.strip() else [Problem("cmd", f"must be a non-empty command (got {cmd!r})")]
+        return [] if cmd.strip() else [Problem(key, f"must be a non-empty command (got {cmd!r})")]
     if isinstance(cmd, tuple):
         if not cmd:
-            return [Problem("cmd", "must be a non-empty command (got [])")]
+            return [Problem(key, "must be a non-empty command (got [])")]
         wrong = [
-            Problem(f"cmd[{i}]", f"must be a string (got {arg!r})")
+            Problem(f"{key}[{i}]", f"must be a string (got {arg!r})")
             for i, arg in enumerate(cmd)
             if not isinstance(arg, str)
         ]
         if wrong:
             return wrong
-        return [] if cmd[0] else [Problem("cmd[0]", "must name a program (got '')")]
-    return [Problem("cmd", f"must be a string or a list of strings (got {cmd!r})")]
+        return [] if cmd[0] else [Problem(f"{key}[0]", "must name a program (got '')")]
+    return [Problem(key, f"must be a string or a list of strings (got {cmd!r})")]
 
 
 @attrs.frozen(kw_only=True)
@@ -475,20 +475,20 @@ class StallConfig:
     timeout_s: float = DEFAULT_HOOK_TIMEOUT_S
 
     def __attrs_post_init__(self) -> None:
-        problems = _validate(
-            self,
-            {
-                "dir": _optional(_save_path),
-                "after_s": _optional(_seconds(allow_zero=False)),
-                "factor": _stall_factor,
-                "floor_s": _seconds(allow_zero=False),
-                "poll_s": _poll_seconds,
-                "timeout_s": _hook_timeout,
-            },
+        _raise_if(
+            _validate(
+                self,
+                {
+                    "dir": _optional(_save_path),
+                    "after_s": _optional(_seconds(allow_zero=False)),
+                    "factor": _stall_factor,
+                    "floor_s": _seconds(allow_zero=False),
+                    "poll_s": _poll_seconds,
+                    "timeout_s": _hook_timeout,
+                    "cmd": _optional(_check_command),
+                },
+            )
         )
-        if self.cmd is not None:
-            problems += _check_command(self.cmd)
-        _raise_if(problems)
 
 
 def _stall_factor(key: str, value: Any) -> list[Problem]:
