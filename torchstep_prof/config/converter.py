@@ -154,7 +154,15 @@ def _structure_config(data: Any, cls: type[C]) -> C:
         if key not in fields:
             problems.append(Problem(str(key), f"unknown key ({suggest(str(key), fields)})"))
         elif (section := fields[key]) is not None and value is not None:
-            kwargs[key] = _structure_section(key, value, section, problems)
+            # A section, its problems under its key; a bad one is left out (its default, None).
+            if not isinstance(value, Mapping):
+                allowed = ", ".join(schema(section))
+                problems.append(Problem(key, f"must be a mapping or null (got {value!r}; allowed keys: {allowed})"))
+                continue
+            try:
+                kwargs[key] = _structure_config(value, section)
+            except ConfigError as exc:
+                problems += exc.under(key).problems
         elif _non_finite(str(key), value, problems):
             continue  # 1e400 read as inf, or .nan: reported as itself, not as a wrong type
         else:
@@ -183,20 +191,6 @@ def _non_finite(key: str, value: Any, problems: list[Problem]) -> bool:
     ]
     problems += found
     return bool(found)
-
-
-def _structure_section(key: str, value: Any, section: type, problems: list[Problem]) -> Any:
-    """A nested section, its problems added under ``key``; ``None`` stands in when it failed."""
-    if not isinstance(value, Mapping):
-        problems.append(
-            Problem(key, f"must be a mapping or null (got {value!r}; allowed keys: {', '.join(schema(section))})")
-        )
-        return None
-    try:
-        return _structure_config(value, section)
-    except ConfigError as exc:
-        problems += exc.under(key).problems
-        return None
 
 
 def in_field_order(problems: list[Problem], fields: list[str], unknown: int) -> list[Problem]:
