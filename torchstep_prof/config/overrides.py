@@ -103,12 +103,12 @@ def _parse_one(text: str) -> Override:
                 )
             ]
         )
-    _check_path(text, path)
-    return Override(text=text, path=path, value=_parse_value(text, path, raw))
+    field_type = _field_type(text, path)
+    return Override(text=text, path=path, value=_parse_value(text, path, raw, field_type))
 
 
-def _check_path(text: str, path: tuple[str, ...]) -> None:
-    """The key path must name an existing field, through sections only."""
+def _field_type(text: str, path: tuple[str, ...]) -> Any:
+    """The type of the field the key path names, through sections only; raises if it names none."""
     cls: type | None = ProfilerConfig
     for depth, segment in enumerate(path):
         where = ".".join(path[: depth + 1])
@@ -127,13 +127,13 @@ def _check_path(text: str, path: tuple[str, ...]) -> None:
         fields = schema(cls)
         if segment not in fields:
             raise ConfigError([Problem(where, f"unknown key in override {text!r} ({suggest(segment, fields)})")])
-        cls = fields[segment]
+        owner, cls = cls, fields[segment]
+    return get_type_hints(owner)[path[-1]]  # the annotations are strings (PEP 563)
 
 
-def _parse_value(text: str, path: tuple[str, ...], raw: str) -> Any:
+def _parse_value(text: str, path: tuple[str, ...], raw: str, field_type: Any) -> Any:
     import yaml  # only when overrides are used: PyYAML costs more than the config model
 
-    field_type = _field_type(path)
     if field_type in _TEXT:  # save_path, process_role, a hook's cmd
         return _text_value(raw, field_type)
     try:
@@ -174,13 +174,6 @@ def _text_value(raw: str, field_type: Any) -> Any:
         if isinstance(value, str) or (isinstance(value, list) and text.startswith("[")):
             return value
     return text
-
-
-def _field_type(path: tuple[str, ...]) -> Any:
-    cls: Any = ProfilerConfig
-    for segment in path[:-1]:
-        cls = schema(cls)[segment]
-    return get_type_hints(cls)[path[-1]]  # the annotations are strings (PEP 563)
 
 
 _TEXT = (str, Optional[str], Union[str, Tuple[str, ...]])
