@@ -10,7 +10,7 @@ raw values (and the file's identity and mtime) and costs a few microseconds when
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import attrs
 
@@ -202,7 +202,7 @@ def _sets_finish_hook(config: ProfilerConfig | None, overrides: tuple[Override, 
     return has_hook
 
 
-def _from_variable(problems: list[Problem], variable: str, value: str | None = None) -> list[Problem]:
+def _from_variable(problems: Iterable[Problem], variable: str, value: str | None = None) -> list[Problem]:
     """``problems``, each saying which variable it came from.
 
     A problem with the whole file already names it; a key path gets ``VAR=value:`` in front.

@@ -139,8 +139,8 @@ def _at_most(check: _Check, most: float, unit: str = "") -> _Check:
     return bounded
 
 
+# A list of integers >= 0 (steps, ranks), none repeated.
 def _int_list(*, non_empty: bool) -> _Check:
-    """A list of integers >= 0 (steps, ranks), none repeated."""
     item_check = _int_at_least(0)
 
     def check(key: str, value: Any) -> list[Problem]:
