@@ -290,9 +290,11 @@ def test_an_environment_schedule_replaces_the_code_schedule_form(tmp_path: Path,
     [("0", True), ("false", True), ("No", True), (" OFF ", True), ("1", False), ("true", False), ("", False),
      (None, False)],
 )
-def test_summary_disabled(value: str | None, disabled: bool) -> None:
-    environ = {} if value is None else {ENV_SUMMARY: value}
-    assert summary_disabled(environ) is disabled
+def test_summary_disabled(value: str | None, disabled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_SUMMARY, raising=False)
+    if value is not None:
+        monkeypatch.setenv(ENV_SUMMARY, value)
+    assert summary_disabled() is disabled
 
 
 _ENVIRONMENT_HOOK_SCRIPT = """

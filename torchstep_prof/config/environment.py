@@ -127,14 +127,9 @@ def read_environment(environ: Mapping[str, str] | None = None) -> EnvironmentLay
     return result
 
 
-def summary_disabled(environ: Mapping[str, str] | None = None) -> bool:
-    """True when ``TORCHSTEP_PROF_SUMMARY`` is ``0``, ``false``, ``no`` or ``off``.
-
-    >>> summary_disabled({"TORCHSTEP_PROF_SUMMARY": "Off"}), summary_disabled({})
-    (True, False)
-    """
-    env = os.environ if environ is None else environ
-    return env.get(ENV_SUMMARY, "").strip().lower() in _OFF_WORDS
+def summary_disabled() -> bool:
+    """True when ``TORCHSTEP_PROF_SUMMARY`` is ``0``, ``false``, ``no`` or ``off`` (any case)."""
+    return os.environ.get(ENV_SUMMARY, "").strip().lower() in _OFF_WORDS
 
 
 def _file_identity(path: str | None) -> tuple[int, ...] | None:
