@@ -66,7 +66,7 @@ def sanitize_label(label: object, what: str = "label") -> str:
     >>> sanitize_label("演员")
     'U+6F14+5458'
     """
-    text = label if isinstance(label, str) else label_text(label)
+    text = label_text(label)
     cleaned = _NOT_LABEL_RUN.sub("-", text).strip("-.")
     if not cleaned:
         return "U+" + "+".join(f"{ord(ch):X}" for ch in text)
@@ -249,12 +249,9 @@ def parse_trace_name(path: str | os.PathLike[str]) -> TraceName:
 
 
 def with_part(filename: str, part: int) -> str:
-    """``filename`` with ``_part<part>`` before its ``.json`` / ``.json.gz`` extension
-    (before the last extension for other files); ``part=0`` returns it unchanged."""
+    """``filename`` (a trace's) with ``_part<part>`` before its ``.json`` / ``.json.gz``
+    extension; ``part=0`` returns it unchanged."""
     if not part:
         return filename
-    for suffix in (".json.gz", ".json"):
-        if filename.endswith(suffix):
-            return f"{filename[: -len(suffix)]}_part{part}{suffix}"
-    stem, ext = os.path.splitext(filename)
-    return f"{stem}_part{part}{ext}"
+    suffix = ".json.gz" if filename.endswith(".json.gz") else ".json"
+    return f"{filename[: -len(suffix)]}_part{part}{suffix}"
