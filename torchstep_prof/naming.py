@@ -51,7 +51,7 @@ TRACE_NAME_PATTERN = _TRACE_NAME.pattern
 _UNSAFE_IN_RANGE = re.compile(r"[^\x20-\x21\x23-\x5b\x5d-\x7e]")
 
 
-def sanitize_label(label: object, what: str = "label") -> str:
+def sanitize_label(label: object) -> str:
     """A role or stage as it appears in file names.
 
     >>> sanitize_label("compute_log_prob")
@@ -61,7 +61,7 @@ def sanitize_label(label: object, what: str = "label") -> str:
 
     A label with nothing left (``"演员"``, ``"___"``) gets a stable encoded form instead, its
     characters' code points: ``U+6F14+5458``, ``U+5F+5F+5F`` (``U+`` for ``""``). A label that is
-    not a string is used as ``str(label)``. ``what`` is kept for callers that name the label.
+    not a string is used as ``str(label)``.
 
     >>> sanitize_label("演员")
     'U+6F14+5458'
@@ -107,9 +107,9 @@ def fit_label(label: str, limit: int = MAX_LABEL) -> str:
     return f"{label[: limit - len(digest) - 1]}+{digest}"
 
 
-def file_label(label: object, what: str = "label") -> str:
+def file_label(label: object) -> str:
     """A role or stage as a file name writes it: sanitized, then fitted."""
-    return fit_label(sanitize_label(label, what))
+    return fit_label(sanitize_label(label))
 
 
 def range_label(text: str) -> str:
@@ -172,11 +172,11 @@ def name_trace(
     ('actor-critic-1', 'train', ('actor', 'critic-1'))
     """
     if owner is not None:
-        labels = [file_label(owner[0], "role")]
+        labels = [file_label(owner[0])]
     elif process_role is not None:
-        labels = [file_label(process_role, "process_role")]
+        labels = [file_label(process_role)]
     else:
-        labels = list(dict.fromkeys(file_label(role, "role") for role in roles)) or [FUSED_DEFAULT_ROLE]
+        labels = list(dict.fromkeys(file_label(role) for role in roles)) or [FUSED_DEFAULT_ROLE]
     held = tuple(labels)
     role = "-".join(labels)
     if len(role) > _MAX_FUSED_ROLE:
@@ -184,7 +184,7 @@ def name_trace(
         while labels and len("-".join(kept + labels[:1])) <= _MAX_FUSED_ROLE - 6:
             kept.append(labels.pop(0))
         role = "-".join(kept) + f"+{len(labels)}-more"
-    stage = FUSED_STAGE if owner is None else file_label(owner[1], "stage")
+    stage = FUSED_STAGE if owner is None else file_label(owner[1])
     name = TraceName(
         role=role, stage=stage, step=step, rank=rank, world_size=world_size, pid=pid, timestamp=timestamp, gzip=gzip
     )
@@ -206,8 +206,8 @@ def build_trace_name(name: TraceName) -> str:
     ...     tzinfo=dt.timezone.utc)))
     'actor_compute-log-prob_step3_rank0-of-2_pid41_20260814122731089.json'
     """
-    role = sanitize_label(name.role, "role")
-    stage = sanitize_label(name.stage, "stage")
+    role = sanitize_label(name.role)
+    stage = sanitize_label(name.stage)
     base = (
         f"{role}_{stage}_step{name.step}_rank{name.rank}-of-{name.world_size}"
         f"_pid{name.pid}_{format_timestamp(name.timestamp)}"

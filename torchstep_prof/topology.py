@@ -86,11 +86,6 @@ def group_registry() -> Any:
     return _PublicGroups()
 
 
-def distributed_initialized() -> bool:
-    """Whether a default ``torch.distributed`` process group exists (never imports it)."""
-    return default_group() is not None
-
-
 def _resolve(group: Any, environ: Mapping[str, str]) -> Topology:
     problems: list[str] = []
     if group is not None:
