@@ -132,11 +132,6 @@ class TraceName:
     part: int = 0
     gzip: bool = False
 
-    @property
-    def world(self) -> int:
-        """Alias of ``world_size``, as the name writes it (``rank<r>-of-<world>``)."""
-        return self.world_size
-
 
 FUSED_STAGE = "train"
 """The stage of every fused trace (one trace per step, holding all of its regions)."""
