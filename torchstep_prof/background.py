@@ -62,18 +62,15 @@ def wait_for_event(event: threading.Event, timeout: Optional[float] = None) -> b
 
 def add(kind: str, wait: Waiter) -> Callable[[], None]:
     """Register background work of ``kind`` (:data:`WRITES`, :data:`HOOKS`); returns a
-    function that removes it (call it once the work is done, or keep it registered for good:
-    a waiter of finished work returns True at once)."""
+    function that removes it (call it once, when the work is done, or keep it registered for
+    good: a waiter of finished work returns True at once)."""
     entry = (kind, wait)
     with _lock:
         _work.append(entry)
 
     def remove() -> None:
         with _lock:
-            try:
-                _work.remove(entry)
-            except ValueError:
-                pass
+            _work.remove(entry)
 
     return remove
 
