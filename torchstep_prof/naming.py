@@ -92,19 +92,19 @@ MAX_LABEL = 80
 """The longest role or stage a file name holds (file names are limited to 255 bytes)."""
 
 
-def fit_label(label: str, limit: int = MAX_LABEL) -> str:
+def fit_label(label: str) -> str:
     """A sanitized label short enough for a file name: a longer one keeps its start and gets a
     short hash of the whole, so that two long labels stay apart.
 
     >>> fit_label("a" * 100) == "a" * 71 + "+7f900025"
     True
     """
-    if len(label) <= limit:
+    if len(label) <= MAX_LABEL:
         return label
     import hashlib  # only for over-long labels: ~3 ms to import
 
     digest = hashlib.sha1(label.encode()).hexdigest()[:8]
-    return f"{label[: limit - len(digest) - 1]}+{digest}"
+    return f"{label[: MAX_LABEL - len(digest) - 1]}+{digest}"
 
 
 def file_label(label: object) -> str:
