@@ -88,7 +88,7 @@ def test_parse_reads_a_path_and_returns_every_field():
         part=1,
         gzip=True,
     )
-    assert parsed.world == 8
+    assert parsed.world_size == 8
 
 
 _LABEL_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz.=+-"

@@ -443,4 +443,4 @@ def test_a_rank_decision_is_made_again_when_the_process_group_changes(save_dir, 
         finally:
             dist.destroy_process_group()
     names = [parse_trace_name(p) for p in trace_files(save_dir)]
-    assert [(n.stage, n.step, n.rank, n.world) for n in names] == [("after-init", 2, 0, 1)]
+    assert [(n.stage, n.step, n.rank, n.world_size) for n in names] == [("after-init", 2, 0, 1)]

@@ -5,6 +5,7 @@ bounds what is pending, ``tsp.flush()``, writes at interpreter exit and during s
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -129,16 +130,17 @@ def test_the_scope_exit_waits_for_the_traces_recorded_under_it(save_dir, held_ex
 
 
 def test_flush_waits_for_background_work_the_hook_runner_registers():
-    release = threading.Event()
-    hook = threading.Thread(target=release.wait, args=(60,))
+    release, done = threading.Event(), threading.Event()
+    hook = threading.Thread(target=lambda: (release.wait(60), done.set()))
     hook.start()
-    background.add_thread(background.HOOKS, hook)
+    unregister = background.add(background.HOOKS, functools.partial(background.wait_for_event, done))
     try:
         assert tsp.flush(timeout=0.2) is False
     finally:
         release.set()
     assert tsp.flush() is True
-    assert not hook.is_alive()
+    assert done.is_set()
+    unregister()
 
 
 def test_flush_with_nothing_pending_returns_true_at_once():

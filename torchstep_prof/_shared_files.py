@@ -11,8 +11,8 @@ Anyone who can write there can plant a link or a FIFO at a name the toolkit uses
   checked to be a regular file, and read up to a cap (a link to ``/dev/zero`` or a huge file
   costs at most the cap); a file the user named (a config file, a trace) is read by the same
   function, following links, since the user chose it;
-- a private folder (``mkdtemp``: mode 0700, created exclusively) holds work that other tools
-  write by name, such as torch's export.
+- work that other tools write by name, such as torch's export, is done in a private folder
+  (``mkdtemp``: mode 0700, created exclusively; ``writing/temp_files.py``).
 
 No torch here: the command line uses it too.
 """
@@ -25,13 +25,11 @@ import io
 import os
 import secrets
 import stat
-import tempfile
 from typing import Callable, Optional, TypeVar
 
 __all__ = [
     "SharedFileError",
     "create_exclusively",
-    "make_private_folder",
     "read_capped",
     "read_each",
     "replace_exclusively",
@@ -136,16 +134,6 @@ def create_exclusively(path: str) -> int:
     >>> fd = create_exclusively("/shared/spans/spans-node1-4242.jsonl")  # doctest: +SKIP
     """
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _NOFOLLOW | _BINARY, 0o666)
-
-
-def make_private_folder(folder: str, prefix: str) -> str:
-    """A new folder inside ``folder`` that only this user can enter (``mkdtemp``: mode 0700,
-    a name nobody could have taken first); returns its path.
-
-    >>> make_private_folder("/shared/traces", ".torchstep_prof-partial-")  # doctest: +SKIP
-    '/shared/traces/.torchstep_prof-partial-k2x9a_1q'
-    """
-    return tempfile.mkdtemp(prefix=prefix, dir=folder)
 
 
 def _kind(mode: int) -> str:

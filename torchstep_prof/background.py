@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Optional
 from ._fork import at_fork_in_child
 from .interrupts import interruptible
 
-__all__ = ["HOOKS", "POLL_S", "WRITES", "add", "add_thread", "flush", "wait_for", "wait_for_event"]
+__all__ = ["HOOKS", "POLL_S", "WRITES", "add", "flush", "wait_for", "wait_for_event"]
 
 WRITES = "writes"
 """Pending trace writes (the writer waits for every trace ended so far)."""
@@ -62,36 +62,17 @@ def wait_for_event(event: threading.Event, timeout: Optional[float] = None) -> b
 
 def add(kind: str, wait: Waiter) -> Callable[[], None]:
     """Register background work of ``kind`` (:data:`WRITES`, :data:`HOOKS`); returns a
-    function that removes it (call it once the work is done, or keep it registered for good:
-    a waiter of finished work returns True at once)."""
+    function that removes it (call it once, when the work is done, or keep it registered for
+    good: a waiter of finished work returns True at once)."""
     entry = (kind, wait)
     with _lock:
         _work.append(entry)
 
     def remove() -> None:
         with _lock:
-            try:
-                _work.remove(entry)
-            except ValueError:
-                pass
+            _work.remove(entry)
 
     return remove
-
-
-def add_thread(kind: str, thread: threading.Thread) -> None:
-    """Register a started thread as background work of ``kind``; it leaves the registry once
-    a wait sees it finished."""
-
-    def wait(timeout: Optional[float]) -> bool:
-        if thread is threading.current_thread():
-            return True  # the work itself asking to wait for all work: never wait for yourself
-        thread.join(timeout)
-        done = not thread.is_alive()
-        if done:
-            remove()
-        return done
-
-    remove = add(kind, wait)
 
 
 def wait_for(kinds: Iterable[str], timeout: Optional[float] = None) -> bool:

@@ -6,7 +6,7 @@ or between torch's start and the block storing what stops it, it would leave tor
 running for good: every later step would then join that dead trace. So, only while Python's
 own Ctrl-C handler is in force:
 
-- across a start or stop of torch's profiler (:func:`hold_ctrl_c`), a Ctrl-C is noted and
+- across a start or stop of torch's profiler (:class:`HeldCtrlC`), a Ctrl-C is noted and
   raised when the transition is over. That takes milliseconds, or a second or two to stop a
   very big trace, which is then written instead of lost;
 - while a trace the main thread started records, a Ctrl-C that finds the main thread in
@@ -31,7 +31,7 @@ from typing import Callable, Optional, TypeVar
 
 from ._fork import at_fork_in_child
 
-__all__ = ["HeldCtrlC", "hold_ctrl_c", "interruptible", "main_trace_began", "main_trace_ended"]
+__all__ = ["HeldCtrlC", "interruptible", "main_trace_began", "main_trace_ended"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -138,7 +138,7 @@ def main_trace_ended(counted: bool) -> None:
 class HeldCtrlC:
     """A hold (a context manager): on the main thread, a Ctrl-C inside it is raised as it ends.
 
-    >>> with hold_ctrl_c() as held:   # doctest: +SKIP
+    >>> with HeldCtrlC() as held:   # doctest: +SKIP
     ...     prof.stop()                # a Ctrl-C now waits for this line to return
     """
 
@@ -171,11 +171,6 @@ class HeldCtrlC:
             self._counted = False
             _GUARD.holds -= 1
             _release()
-
-
-def hold_ctrl_c() -> HeldCtrlC:
-    """Hold a Ctrl-C on the main thread until the ``with`` block ends, then raise it."""
-    return HeldCtrlC()
 
 
 def _forget_in_child() -> None:

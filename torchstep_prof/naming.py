@@ -51,7 +51,7 @@ TRACE_NAME_PATTERN = _TRACE_NAME.pattern
 _UNSAFE_IN_RANGE = re.compile(r"[^\x20-\x21\x23-\x5b\x5d-\x7e]")
 
 
-def sanitize_label(label: object, what: str = "label") -> str:
+def sanitize_label(label: object) -> str:
     """A role or stage as it appears in file names.
 
     >>> sanitize_label("compute_log_prob")
@@ -61,12 +61,12 @@ def sanitize_label(label: object, what: str = "label") -> str:
 
     A label with nothing left (``"演员"``, ``"___"``) gets a stable encoded form instead, its
     characters' code points: ``U+6F14+5458``, ``U+5F+5F+5F`` (``U+`` for ``""``). A label that is
-    not a string is used as ``str(label)``. ``what`` is kept for callers that name the label.
+    not a string is used as ``str(label)``.
 
     >>> sanitize_label("演员")
     'U+6F14+5458'
     """
-    text = label if isinstance(label, str) else label_text(label)
+    text = label_text(label)
     cleaned = _NOT_LABEL_RUN.sub("-", text).strip("-.")
     if not cleaned:
         return "U+" + "+".join(f"{ord(ch):X}" for ch in text)
@@ -92,24 +92,24 @@ MAX_LABEL = 80
 """The longest role or stage a file name holds (file names are limited to 255 bytes)."""
 
 
-def fit_label(label: str, limit: int = MAX_LABEL) -> str:
+def fit_label(label: str) -> str:
     """A sanitized label short enough for a file name: a longer one keeps its start and gets a
     short hash of the whole, so that two long labels stay apart.
 
     >>> fit_label("a" * 100) == "a" * 71 + "+7f900025"
     True
     """
-    if len(label) <= limit:
+    if len(label) <= MAX_LABEL:
         return label
     import hashlib  # only for over-long labels: ~3 ms to import
 
     digest = hashlib.sha1(label.encode()).hexdigest()[:8]
-    return f"{label[: limit - len(digest) - 1]}+{digest}"
+    return f"{label[: MAX_LABEL - len(digest) - 1]}+{digest}"
 
 
-def file_label(label: object, what: str = "label") -> str:
+def file_label(label: object) -> str:
     """A role or stage as a file name writes it: sanitized, then fitted."""
-    return fit_label(sanitize_label(label, what))
+    return fit_label(sanitize_label(label))
 
 
 def range_label(text: str) -> str:
@@ -131,11 +131,6 @@ class TraceName:
     timestamp: _dt.datetime
     part: int = 0
     gzip: bool = False
-
-    @property
-    def world(self) -> int:
-        """Alias of ``world_size``, as the name writes it (``rank<r>-of-<world>``)."""
-        return self.world_size
 
 
 FUSED_STAGE = "train"
@@ -172,11 +167,11 @@ def name_trace(
     ('actor-critic-1', 'train', ('actor', 'critic-1'))
     """
     if owner is not None:
-        labels = [file_label(owner[0], "role")]
+        labels = [file_label(owner[0])]
     elif process_role is not None:
-        labels = [file_label(process_role, "process_role")]
+        labels = [file_label(process_role)]
     else:
-        labels = list(dict.fromkeys(file_label(role, "role") for role in roles)) or [FUSED_DEFAULT_ROLE]
+        labels = list(dict.fromkeys(file_label(role) for role in roles)) or [FUSED_DEFAULT_ROLE]
     held = tuple(labels)
     role = "-".join(labels)
     if len(role) > _MAX_FUSED_ROLE:
@@ -184,7 +179,7 @@ def name_trace(
         while labels and len("-".join(kept + labels[:1])) <= _MAX_FUSED_ROLE - 6:
             kept.append(labels.pop(0))
         role = "-".join(kept) + f"+{len(labels)}-more"
-    stage = FUSED_STAGE if owner is None else file_label(owner[1], "stage")
+    stage = FUSED_STAGE if owner is None else file_label(owner[1])
     name = TraceName(
         role=role, stage=stage, step=step, rank=rank, world_size=world_size, pid=pid, timestamp=timestamp, gzip=gzip
     )
@@ -206,8 +201,8 @@ def build_trace_name(name: TraceName) -> str:
     ...     tzinfo=dt.timezone.utc)))
     'actor_compute-log-prob_step3_rank0-of-2_pid41_20260814122731089.json'
     """
-    role = sanitize_label(name.role, "role")
-    stage = sanitize_label(name.stage, "stage")
+    role = sanitize_label(name.role)
+    stage = sanitize_label(name.stage)
     base = (
         f"{role}_{stage}_step{name.step}_rank{name.rank}-of-{name.world_size}"
         f"_pid{name.pid}_{format_timestamp(name.timestamp)}"
@@ -249,12 +244,9 @@ def parse_trace_name(path: str | os.PathLike[str]) -> TraceName:
 
 
 def with_part(filename: str, part: int) -> str:
-    """``filename`` with ``_part<part>`` before its ``.json`` / ``.json.gz`` extension
-    (before the last extension for other files); ``part=0`` returns it unchanged."""
+    """``filename`` (a trace's) with ``_part<part>`` before its ``.json`` / ``.json.gz``
+    extension; ``part=0`` returns it unchanged."""
     if not part:
         return filename
-    for suffix in (".json.gz", ".json"):
-        if filename.endswith(suffix):
-            return f"{filename[: -len(suffix)]}_part{part}{suffix}"
-    stem, ext = os.path.splitext(filename)
-    return f"{stem}_part{part}{ext}"
+    suffix = ".json.gz" if filename.endswith(".json.gz") else ".json"
+    return f"{filename[: -len(suffix)]}_part{part}{suffix}"

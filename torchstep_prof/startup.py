@@ -17,10 +17,7 @@ def at_import() -> None:
     # Kineto prints USDT lines on stderr for every profiler window unless this is set before the
     # first profiler use in the process (setting it later has no effect). Users can still override.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    _warm_up_for_the_environment()
 
-
-def _warm_up_for_the_environment() -> None:
     # With profiling switched on by TORCHSTEP_PROF_CONFIG / _OVERRIDES there may be no scope
     # entered before step 1: do at import what entering a scope would (read the environment
     # into the root frame, register the exit work, load the names, pay torch.profiler's ~1 s

@@ -86,50 +86,49 @@ def group_registry() -> Any:
     return _PublicGroups()
 
 
-def distributed_initialized() -> bool:
-    """Whether a default ``torch.distributed`` process group exists (never imports it)."""
-    return default_group() is not None
-
-
 def _resolve(group: Any, environ: Mapping[str, str]) -> Topology:
-    _warn_if_ray_actor_without_rank(group, environ)
     problems: list[str] = []
     if group is not None:
         import torch.distributed as dist
 
         rank, world_size = dist.get_rank(), dist.get_world_size()
     else:
-        rank, world_size = _checked_pair(environ, ("RANK", 0), ("WORLD_SIZE", 1), problems)
+        _warn_if_ray_actor_without_rank(environ)
+        rank, world_size = _checked_pair(environ, "RANK", 0, "WORLD_SIZE", 1, problems)
     if problems:
         rank, world_size, local_rank, local_world_size = 0, 1, 0, 1
     else:
         # Without LOCAL_* a process is taken to be alone on its node with its global rank.
         local_rank, local_world_size = _checked_pair(
-            environ, ("LOCAL_RANK", rank), ("LOCAL_WORLD_SIZE", world_size), problems, at_most=world_size
+            environ, "LOCAL_RANK", rank, "LOCAL_WORLD_SIZE", world_size, problems, at_most=world_size
         )
         if problems:
             # Alone on its node: a per-node hook then runs here rather than wait for node-mates
             # that may not exist (or leave this node's traces to an uploader that is not there).
             local_rank, local_world_size = 0, 1
     if problems:
-        _warn_once(
+        # Once per process and message: the topology is resolved again after a fork or a new
+        # process group, and a DataLoader worker need not repeat its parent's warning.
+        message = (
             f"torchstep_prof: ignoring a rank environment that makes no sense ({'; '.join(problems)}); "
             f"using rank {rank} of {world_size}, local rank {local_rank} of {local_world_size}"
         )
+        warn_once(_warned, message, message)
     return Topology(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size)
 
 
 def _checked_pair(
     environ: Mapping[str, str],
-    index: tuple[str, int],
-    size: tuple[str, int],
+    index_name: str,
+    index_default: int,
+    size_name: str,
+    size_default: int,
     problems: list[str],
     at_most: Optional[int] = None,
-) -> tuple[Any, Any]:
-    """An (index, size) pair such as ``RANK`` / ``WORLD_SIZE``, unset ones at their defaults;
-    ``(None, None)`` with a line added to ``problems`` for each rule broken (an integer, index
-    >= 0, size >= 1, index below size, size at most ``at_most``)."""
-    (index_name, index_default), (size_name, size_default) = index, size
+) -> tuple[int, int]:
+    """An (index, size) pair such as ``RANK`` / ``WORLD_SIZE``, unset ones at their defaults,
+    with a line added to ``problems`` for each rule broken (an integer, index >= 0, size >= 1,
+    index below size, size at most ``at_most``)."""
     found = len(problems)
     index_value = _integer(environ, index_name, index_default, 0, problems)
     size_value = _integer(environ, size_name, size_default, 1, problems)
@@ -139,7 +138,7 @@ def _checked_pair(
         )
     if len(problems) == found and at_most is not None and size_value > at_most:
         problems.append(f"{_shown(environ, size_name, size_value)} is more than the world size {at_most}")
-    return (index_value, size_value) if len(problems) == found else (None, None)
+    return index_value, size_value
 
 
 def _integer(environ: Mapping[str, str], name: str, default: int, minimum: int, problems: list[str]) -> int:
@@ -167,12 +166,6 @@ def _shown(environ: Mapping[str, str], name: str, default: Optional[int] = None)
 
 
 _warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    # Once per process and message: the topology is resolved again after a fork or a new
-    # process group, and a DataLoader worker need not repeat its parent's warning.
-    warn_once(_warned, message, message)
 
 
 # (process group it was computed for, topology). The environment of a process does not change
@@ -233,14 +226,11 @@ def _ray_actor_id() -> Any:
         return None
 
 
-def _warn_if_ray_actor_without_rank(group: Any, environ: Mapping[str, str]) -> None:
-    """Warn once per process when a Ray actor's rank falls back to 0 of 1 for want of ``RANK``.
-
-    ``group`` is the default ``torch.distributed`` process group (``None`` when there is none):
-    with one, the rank comes from it and nothing is missing.
-    """
+def _warn_if_ray_actor_without_rank(environ: Mapping[str, str]) -> None:
+    """Warn once per process when a Ray actor with no process group has no ``RANK``: its rank
+    falls back to 0 of 1."""
     global _ray_warned
-    if _ray_warned or group is not None or environ.get("RANK"):
+    if _ray_warned or environ.get("RANK"):
         return
     actor_id = _ray_actor_id()
     if actor_id is None:

@@ -57,7 +57,7 @@ _log = logging.getLogger("torchstep_prof.hook.command")
 def _roles(value: Iterable[str]) -> Tuple[str, ...]:
     # Sanitizing is idempotent: labels already cleaned by the engine pass unchanged, and the hook
     # can never see a role spelled differently from the file names.
-    return tuple(dict.fromkeys(sanitize_label(role, "role") for role in value))
+    return tuple(dict.fromkeys(sanitize_label(role) for role in value))
 
 
 def _paths(value: Iterable[Union[str, "os.PathLike[str]"]]) -> Tuple[str, ...]:

@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from ..errors import LabelWarning, warn
-from ..naming import fit_label, label_text, sanitize_label
+from ..naming import file_label, label_text
 
 __all__ = ["check_labels"]
 
@@ -39,7 +39,7 @@ def check_labels(role: Any, stage: Any) -> tuple[str, str]:
                 f"torchstep_prof: region {what} {text!r} is a {type(label).__name__}, not a string; "
                 f"it is used as the text {text!r} (pass a string to silence this)",
             )
-    named = (fit_label(sanitize_label(texts[0])), fit_label(sanitize_label(texts[1])))
+    named = (file_label(texts[0]), file_label(texts[1]))
     with _LOCK:
         first = _BY_FILE_NAME.get(named)
         if first is None and len(_BY_FILE_NAME) < _MAX_REMEMBERED:

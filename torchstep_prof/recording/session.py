@@ -32,7 +32,7 @@ from ..naming import METADATA_KEY, TraceName, name_trace, range_label
 from ..selection.rules import StepAction
 from ..selection.step_meaning import step_meaning
 from ..slow_steps.why import metadata as why_traced
-from ..topology import Topology, distributed_initialized
+from ..topology import Topology, default_group
 
 if TYPE_CHECKING:
     from ..selection.frames import HookScope
@@ -336,7 +336,7 @@ class TraceSession:
 
     def _add_metadata(self, prof: Profile) -> None:
         rank, world = self.topology.rank, self.topology.world_size
-        if not distributed_initialized():
+        if default_group() is None:
             # torch writes distributedInfo only with a process group; HTA reads the rank there.
             prof.add_metadata_json("distributedInfo", json.dumps({"rank": rank, "world_size": world}))
         name, _ = self.identity()

@@ -23,7 +23,7 @@ from .. import background
 from ..errors import ForeignProfilerWarning, ProfilerStartWarning, warn
 from ..selection.steps import CURRENT_STEP, next_occurrence
 from .foreign import foreign_profiler
-from ..interrupts import HeldCtrlC, hold_ctrl_c, main_trace_began, main_trace_ended
+from ..interrupts import HeldCtrlC, main_trace_began, main_trace_ended
 from .range_names import range_name
 from .session import TraceSession, entered, new_range
 from .slot_states import ON_START, SlotEvent, SlotState, next_state
@@ -93,7 +93,7 @@ class OwnedTrace:
             return True
 
     def __exit__(self, *exc_info: Any) -> None:
-        with hold_ctrl_c():  # a Ctrl-C from here on takes effect once the trace is stopped
+        with HeldCtrlC():  # a Ctrl-C from here on takes effect once the trace is stopped
             if self.claim():
                 self._stop(self.session)
 
@@ -131,7 +131,7 @@ class ProfilerSlot:
         slot, just before torch starts."""
         # A Ctrl-C from here on takes effect once torch's profiler runs and is published (or
         # failed to start): never between the two, where nothing would be left to stop it.
-        with hold_ctrl_c() as held:
+        with HeldCtrlC() as held:
             return self._start_held(session, frame, stop, starting, held)
 
     def _start_held(

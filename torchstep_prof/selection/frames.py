@@ -220,16 +220,12 @@ class Frame:
         (per schedule scope: see missed_steps; and that this rank profiled under its hook)."""
         action = self.action(step)
         if action is not NONE:
-            self.selected(step)
+            if self.schedule_scope is not None:
+                self.schedule_scope.saw(step)
+            hook_scope = self.hook_scope
+            if hook_scope is not None and not hook_scope.profiled:
+                hook_scope.mark_profiled()
         return action
-
-    def selected(self, step: int) -> None:
-        """``step`` is profiled under this frame: its schedule saw it, its hook scope profiled."""
-        if self.schedule_scope is not None:
-            self.schedule_scope.saw(step)
-        hook_scope = self.hook_scope
-        if hook_scope is not None and not hook_scope.profiled:
-            hook_scope.mark_profiled()
 
     def action(self, step: int) -> StepAction:
         """What to do for ``step`` on this rank under this frame: the one rule (regions, step

@@ -98,7 +98,7 @@ def step_action(schedule: Optional[ScheduleConfig], step: int) -> StepAction:
         return NONE
     if schedule.steps is not None:
         return RECORD if step in explicit_steps(schedule.steps) else NONE
-    return CyclePlan(schedule).action(step)
+    return CyclePlan(schedule).run_of(step)[2]
 
 
 class ExplicitPlan:
@@ -116,9 +116,6 @@ class ExplicitPlan:
         self.members = explicit_steps(steps)
         self.ordered = sorted_steps(steps)
 
-    def action(self, step: int) -> StepAction:
-        return RECORD if step in self.members else NONE
-
     def run_of(self, step: int) -> tuple[int, int, StepAction]:
         """``(first, end, action)``: ``step`` alone when listed, else the gap of unlisted steps
         ``first <= n < end`` around it."""
@@ -133,7 +130,7 @@ class CyclePlan:
     """torch.profiler's cycle as a few integers, for deciding a step with arithmetic alone.
 
     >>> plan = CyclePlan(ScheduleConfig(skip_first=1, wait=1, warmup=1, active=2, repeat=2))
-    >>> [plan.action(n).name[0] for n in range(1, 11)]
+    >>> [plan.run_of(n)[2].name[0] for n in range(1, 11)]
     ['N', 'N', 'W', 'R', 'R', 'N', 'W', 'R', 'R', 'N']
     >>> plan.run_of(4)
     (4, 6, <StepAction.RECORD: 2>)
@@ -147,9 +144,6 @@ class CyclePlan:
         self.span = self.cycle * schedule.repeat  # steps covered from ``first``; 0: no end
         self.wait = schedule.wait
         self.warm_end = schedule.wait + schedule.warmup
-
-    def action(self, step: int) -> StepAction:
-        return self.run_of(step)[2]
 
     def run_of(self, step: int) -> tuple[int, int, StepAction]:
         """``(first, end, action)``: the run of consecutive steps ``first <= n < end`` around

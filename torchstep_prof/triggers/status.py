@@ -16,7 +16,7 @@ from typing import Any, Optional
 import attrs
 
 from .._shared_files import read_capped, read_each
-from ..naming import fit_label, sanitize_label
+from ..naming import file_label
 
 __all__ = [
     "MAX_SERVED", "MAX_STATUS_BYTES", "MAX_STATUS_FILES", "STALE_S", "RankStatus", "in_range", "is_stale",
@@ -40,7 +40,7 @@ def role_suffix(role: Optional[str]) -> str:
     if not role:
         return ""
     try:
-        return "-" + fit_label(sanitize_label(role))
+        return "-" + file_label(role)
     except ValueError:  # nothing left after sanitizing: a stable stand-in
         return "-role+" + hashlib.sha1(role.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 

@@ -23,9 +23,8 @@ import re
 import shutil
 import socket
 import stat
+import tempfile
 from typing import Iterator
-
-from .._shared_files import make_private_folder
 
 __all__ = ["TEMP_PREFIX", "WorkFolder", "host_label", "link_exclusively", "remove", "remove_dead_temporaries"]
 
@@ -55,7 +54,7 @@ class WorkFolder:
     """
 
     def __init__(self, folder: str, host: str, pid: int) -> None:
-        self.path = make_private_folder(folder, f"{TEMP_PREFIX}{host}-{pid}-")
+        self.path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{host}-{pid}-", dir=folder)
         self._fd = -1
         try:
             self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))

@@ -73,8 +73,6 @@ def parse_region(text: str) -> ModuleRegion:
     >>> parse_region("Linear").role
     'Linear'
     """
-    from ..naming import sanitize_label
-
     class_name, equals, label = text.partition("=")
     class_name = class_name.strip()
     if not class_name.isidentifier():
@@ -82,8 +80,6 @@ def parse_region(text: str) -> ModuleRegion:
     role, slash, stage = label.partition("/") if equals else (class_name, "", "")
     role = role or class_name
     stage = stage if slash and stage else "forward"
-    sanitize_label(role, "--region role")
-    sanitize_label(stage, "--region stage")
     return ModuleRegion(class_name=class_name, role=role, stage=stage)
 
 

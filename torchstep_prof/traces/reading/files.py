@@ -97,11 +97,11 @@ class Unreadable:
 
 # Named functions, not a factory's closures: attrs' mypy plugin types only named converters.
 def _role_labels(values: Iterable[str]) -> Tuple[str, ...]:
-    return tuple(sanitize_label(value, "role") for value in values)
+    return tuple(sanitize_label(value) for value in values)
 
 
 def _stage_labels(values: Iterable[str]) -> Tuple[str, ...]:
-    return tuple(sanitize_label(value, "stage") for value in values)
+    return tuple(sanitize_label(value) for value in values)
 
 
 @attrs.frozen(kw_only=True)
