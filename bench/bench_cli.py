@@ -165,7 +165,7 @@ def _rss_supported() -> bool:
 def make_traces(folder: str) -> None:
     """16 real traces: 4 steps x 4 (faked) ranks, 20 MLP steps each."""
     import torchstep_prof as tsp
-    from torchstep_prof.engine import ENGINE
+    from torchstep_prof.selection.steps import forget_occurrences
     from torchstep_prof.topology import forget_topology
 
     mlp_step = _timing.make_mlp_step()
@@ -178,7 +178,7 @@ def make_traces(folder: str) -> None:
                 for rank in range(RANKS):
                     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(RANKS)
                     forget_topology()
-                    ENGINE.forget_occurrences()  # each faked rank is a process of its own
+                    forget_occurrences()  # each faked rank is a process of its own
                     with tsp.profile_region("actor", "update", step=step):
                         for _ in range(WINDOW_STEPS + rank):  # ranks differ a little, as in life
                             mlp_step()

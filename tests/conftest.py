@@ -63,7 +63,7 @@ def _fresh_process_state(monkeypatch):
     if leaked_session is not None:
         _ENGINE.slot.forget_session()
         try:
-            leaked_session.profile.stop()
+            leaked_session._profile.stop()  # torch's profile, still running
         except Exception:
             pass
     reset_for_tests()

@@ -133,11 +133,6 @@ class Engine:
                     self.finish(scope, frame.config)
             scope = scope.parent
 
-    @staticmethod
-    def forget_occurrences() -> None:
-        """Count occurrences afresh, as a new process would (tests running many jobs in one)."""
-        steps.forget_occurrences()
-
     # --- the profiler window -----------------------------------------------------------------
 
     def _start(
@@ -216,10 +211,11 @@ class Engine:
 
     def drop_running_trace(self) -> None:
         """Let the trace recording now end without a file (``torchstep-prof run`` drops a step
-        that no optimizer step ended: it is not a step's trace)."""
+        that no optimizer step ended: it is not a step's trace). It records and stops as usual,
+        its outcome is DISCARD."""
         session = self.slot.session
         if session is not None:
-            session.discard()
+            session.keep = False
 
     def _warmed(self, t0: float) -> None:
         # The slot's warm-up ran: import the exit work's modules, start the writer (~10 ms when
@@ -259,7 +255,7 @@ class Engine:
     def scope_exited(self, frame: Frame, parent: Frame) -> None:
         open_blocks.end_under(frame)  # steps begun under it and left open end with it
         try:
-            if self._writer is not None and self._writer.has_pending:
+            if self._writer is not None:
                 self._writer.flush()
         finally:  # a Ctrl-C while waiting for the writer still starts the scope's hook
             if frame.hook_scope is not None and frame.hook_scope is not parent.hook_scope:

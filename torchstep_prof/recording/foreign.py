@@ -171,8 +171,6 @@ def new_own_profile(**kwargs: Any) -> Any:
     Its constructor registers ``"ProfilerStep"`` with the step tracker until an ``__exit__``
     that a start/stop profiler never calls: undo that, unless another profile registered first.
     """
-    import torch
-
     steps = _step_dict()
     registered_before = steps is not None and _STEP_KEY in steps
     prof = torch.profiler.profile(**kwargs)

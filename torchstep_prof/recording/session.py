@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from torch.profiler import ProfilerActivity, record_function
-from torch.profiler import profile as Profile  # (the class has a ``profile`` property)
+from torch.profiler import profile as Profile
 
 from .memory_history import MemoryHistory
 from .nvtx import NvtxRange, nvtx_wanted
@@ -156,11 +156,6 @@ class TraceSession:
         """A region of the owner's thread and task entered a fused trace."""
         if role not in self.roles:
             self.spans.add_role(role)  # any label names a file (naming.py): nothing to check
-
-    def discard(self) -> None:
-        """Let this trace end without a file (``torchstep-prof run`` drops a step that no
-        optimizer step ended): it records and stops as usual, its outcome is DISCARD."""
-        self.keep = False
 
     def identity(self) -> tuple[TraceName, tuple[str, ...]]:
         """The trace's name and its roles as file names write them (see naming.py)."""
@@ -328,11 +323,6 @@ class TraceSession:
             left_open=self.left_open,
             later_steps=tuple(self.later_steps),
         )
-
-    @property
-    def profile(self) -> Optional[Profile]:
-        """torch's profile while the trace records (the record holds it once stopped)."""
-        return self._profile
 
     def _add_metadata(self, prof: Profile) -> None:
         rank, world = self.topology.rank, self.topology.world_size

@@ -132,79 +132,69 @@ class ProfilerSlot:
         # A Ctrl-C from here on takes effect once torch's profiler runs and is published (or
         # failed to start): never between the two, where nothing would be left to stop it.
         with HeldCtrlC() as held:
-            return self._start_held(session, frame, stop, starting, held)
-
-    def _start_held(
-        self,
-        session: TraceSession,
-        frame: Any,
-        stop: Callable[[TraceSession], None],
-        starting: Callable[[], None],
-        held: HeldCtrlC,
-    ) -> StartResult:
-        role, stage, step = session.owner_role, session.owner_stage, session.step
-        while True:
+            role, stage, step = session.owner_role, session.owner_stage, session.step
+            while True:
+                with self.lock:
+                    move = ON_START[self.state]
+                    if move == "take":
+                        self._move(_TAKE)
+                        session.occurrence = next_occurrence(role, stage, step)
+                        break
+                    if move == "join":
+                        return self.session
+                # Another thread starting, stopping or warming up a profiler: wait for it (a few ms,
+                # ~1 s for a warm-up) rather than lose this selected step's trace. Polled outside the
+                # lock, not Condition.wait: a Ctrl-C may land anywhere (see background.wait_for_event).
+                held.deliver_now()  # nothing is taken yet: a Ctrl-C ends the wait
+                time.sleep(background.POLL_S)
+            if self._foreign_profiler_running():  # none of ours runs (the slot is ours): theirs
+                self._locked_move(_RELEASE)
+                return FOREIGN
+            starting()
+            try:
+                if not self.warmed:
+                    self._warm_up_now(session.config.contents)
+                held.deliver_now()  # a Ctrl-C so far (in the warm-up, say): torch is not started for it
+                session.start()
+            except BaseException as exc:
+                self._locked_move(_RELEASE)
+                if not isinstance(exc, Exception):  # KeyboardInterrupt: nothing left half-started
+                    raise
+                label = f"{role}/{stage}" if role is not None else "fused trace"
+                warn(
+                    f"torchstep_prof: the profiler failed to start for {label} step {step} ({exc!r}); "
+                    "the block runs unprofiled",
+                    ProfilerStartWarning,
+                )
+                session.record_unwritten(f"profiler failed to start: {exc!r}")
+                return None
+            owner = OwnedTrace(self, session, stop)
+            current = CURRENT_STEP.get(None)
+            if role is not None:
+                session.step_block = current
             with self.lock:
-                move = ON_START[self.state]
-                if move == "take":
-                    self._move(_TAKE)
-                    session.occurrence = next_occurrence(role, stage, step)
-                    break
-                if move == "join":
-                    return self.session
-            # Another thread starting, stopping or warming up a profiler: wait for it (a few ms,
-            # ~1 s for a warm-up) rather than lose this selected step's trace. Polled outside the
-            # lock, not Condition.wait: a Ctrl-C may land anywhere (see background.wait_for_event).
-            held.deliver_now()  # nothing is taken yet: a Ctrl-C ends the wait
-            time.sleep(background.POLL_S)
-        if self._foreign_profiler_running():  # none of ours runs (the slot is ours): theirs
-            self._locked_move(_RELEASE)
-            return FOREIGN
-        starting()
-        try:
-            if not self.warmed:
-                self._warm_up_now(session.config.contents)
-            held.deliver_now()  # a Ctrl-C so far (in the warm-up, say): torch is not started for it
-            session.start()
-        except BaseException as exc:
-            self._locked_move(_RELEASE)
-            if not isinstance(exc, Exception):  # KeyboardInterrupt: nothing left half-started
-                raise
-            label = f"{role}/{stage}" if role is not None else "fused trace"
-            warn(
-                f"torchstep_prof: the profiler failed to start for {label} step {step} ({exc!r}); "
-                "the block runs unprofiled",
-                ProfilerStartWarning,
-            )
-            session.record_unwritten(f"profiler failed to start: {exc!r}")
-            return None
-        owner = OwnedTrace(self, session, stop)
-        current = CURRENT_STEP.get(None)
-        if role is not None:
-            session.step_block = current
-        with self.lock:
-            # Published only once torch's profiler runs: a region that sees it may open a range.
-            self.session, self.owner = session, owner
-            session.holds_ctrl_c = main_trace_began()
-            self._move(_PUBLISH)
-            if (
-                role is not None
-                and current is not None
-                and session.owner_task is None
-                and frame.metrics is None
-                and not frame.live
-                and not session.nvtx
-            ):
-                # Regions nested here, in this thread (outside asyncio), need no counter and no
-                # checks (a timed region is never a bare range, nor one with an NVTX range, nor
-                # one the live status lists).
-                NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
-        if held.noted:
-            # A Ctrl-C came while torch started: the block will not run, and its caller does
-            # not get the trace to stop. Stop it here (as if the Ctrl-C landed at the block's
-            # first line), then the hold's end raises it.
-            owner.__exit__(None, None, None)
-        return owner
+                # Published only once torch's profiler runs: a region that sees it may open a range.
+                self.session, self.owner = session, owner
+                session.holds_ctrl_c = main_trace_began()
+                self._move(_PUBLISH)
+                if (
+                    role is not None
+                    and current is not None
+                    and session.owner_task is None
+                    and frame.metrics is None
+                    and not frame.live
+                    and not session.nvtx
+                ):
+                    # Regions nested here, in this thread (outside asyncio), need no counter and no
+                    # checks (a timed region is never a bare range, nor one with an NVTX range, nor
+                    # one the live status lists).
+                    NESTED_FAST_PATH.frame, NESTED_FAST_PATH.thread = frame, session.owner_thread
+            if held.noted:
+                # A Ctrl-C came while torch started: the block will not run, and its caller does
+                # not get the trace to stop. Stop it here (as if the Ctrl-C landed at the block's
+                # first line), then the hold's end raises it.
+                owner.__exit__(None, None, None)
+            return owner
 
     @staticmethod
     def foreign_range(role: Optional[str], stage: Optional[str]) -> Optional[Exiting]:
@@ -216,13 +206,13 @@ class ProfilerSlot:
 
     # --- stopping ------------------------------------------------------------------------------
 
-    def stop(self, session: TraceSession, hand_over: Callable[[TraceSession], None]) -> bool:
+    def stop(self, session: TraceSession, hand_over: Callable[[TraceSession], None]) -> None:
         """Stop ``session`` (always), then ``hand_over`` it (to the writer, or its loss to the
-        summary) before the slot is free again. Returns False in a forked child (the parent
-        writes it). A KeyboardInterrupt inside torch's stop still hands it over, then raises."""
+        summary) before the slot is free again; nothing in a forked child (the parent writes
+        it). A KeyboardInterrupt inside torch's stop still hands it over, then raises."""
         with self.lock:
             if self.state is _FORKED:  # a block inherited by a forked child
-                return False
+                return
             # Unpublished before torch stops: no new range is opened into a stopping trace, and
             # no other thread starts a profiler until this one is stopped and handed over.
             if self.session is session:
@@ -237,7 +227,6 @@ class ProfilerSlot:
                 hand_over(session)
             finally:
                 self._locked_move(_RELEASE)
-        return True
 
     @property
     def busy(self) -> bool:

@@ -39,7 +39,7 @@ class ThreadSpan:
 
     __slots__ = ("_log", "_name", "_role")
 
-    def __init__(self, log: SpanLog, name: str, role: Optional[str] = None) -> None:
+    def __init__(self, log: SpanLog, name: str, role: Optional[str]) -> None:
         self._log = log
         self._name = name
         self._role = role
@@ -70,16 +70,13 @@ class SpanLog:
         self.tracks: dict[int, str] = {}  # tid -> track name
         self._task_tracks: dict[Any, int] = {}
 
-    def __bool__(self) -> bool:
-        return bool(self.spans)
-
     def add_role(self, role: str) -> None:
         """``role`` joins the trace, unless it stopped."""
         with self._lock:
             if not self._stopped and role not in self._roles:
                 self._roles.append(role)
 
-    def open(self, key: Any, name: str, role: Optional[str] = None) -> None:
+    def open(self, key: Any, name: str, role: Optional[str]) -> None:
         task = running_task()
         with self._lock:
             if self._stopped:
@@ -122,10 +119,10 @@ class SpanLog:
             self.tracks[track] = f"{label} in thread {thread.name} (torchstep_prof regions)"
         return track
 
-    def events(self, base_ns: int, pid: Optional[int] = None) -> Iterator[bytes]:
+    def events(self, base_ns: int) -> Iterator[bytes]:
         """The spans and their tracks' names as Chrome trace events (JSON, one per item);
         ``ts`` counts µs from ``base_ns`` (torch's ``baseTimeNanoseconds``)."""
-        pid = os.getpid() if pid is None else pid
+        pid = os.getpid()
         used = {tid for _, tid, _, _ in self.spans}
         for tid, track in self.tracks.items():
             if tid in used:

@@ -63,10 +63,9 @@ def mark_region_ranges(
                 body.close()
                 found.clear()
                 whole = _rewrite_whole(f, names, step, found)
-                if ranges is not None:
-                    ranges.extend(found)
-                return whole if whole is not None else seconds
-            body.flush()
+                seconds = whole if whole is not None else seconds
+            else:
+                body.flush()
     if ranges is not None:
         ranges.extend(found)
     return seconds

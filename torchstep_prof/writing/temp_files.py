@@ -38,10 +38,9 @@ _TEMPORARY = re.compile(
 )
 
 
-def host_label(hostname: str | None = None) -> str:
+def host_label() -> str:
     """This host's name as it appears in temporary file names (``[0-9A-Za-z.=+-]``, bounded)."""
-    name = socket.gethostname() if hostname is None else hostname
-    label = re.sub(r"[^0-9A-Za-z.=+-]+", "-", name).strip("-.")[:_MAX_HOST]
+    label = re.sub(r"[^0-9A-Za-z.=+-]+", "-", socket.gethostname()).strip("-.")[:_MAX_HOST]
     return label or "host"
 
 
@@ -146,11 +145,10 @@ def _temporaries(folder: str) -> Iterator[tuple[str, str, int]]:
                     yield entry.path, match["host"], int(match["pid"])
 
 
-def remove_dead_temporaries(folder: str, host: str) -> list[str]:
+def remove_dead_temporaries(folder: str, host: str) -> None:
     """Remove the work folders (and older temporary files) in ``folder`` left by processes of
-    ``host`` that no longer run and owned by this user; returns their paths. Files of other
-    hosts, of running pids and of other users stay."""
-    removed: list[str] = []
+    ``host`` that no longer run and owned by this user. Files of other hosts, of running pids
+    and of other users stay."""
     uid = os.getuid() if hasattr(os, "getuid") else None
     for path, their_host, pid in _temporaries(folder):
         if their_host != host or _pid_runs(pid):
@@ -164,6 +162,4 @@ def remove_dead_temporaries(folder: str, host: str) -> list[str]:
             else:
                 os.unlink(path)  # a file, or a link itself: never what it points at
         except OSError:  # another process cleaning up at the same time got it first
-            continue
-        removed.append(path)
-    return removed
+            pass

@@ -64,13 +64,7 @@ class TraceWriter:
     """The process's trace writer (one per engine) and its background thread."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)  # a job was queued or done
-        # Stopped traces waiting for the writer; the head is being written.
-        self._queue: collections.deque[tuple[StoppedTrace, OnWritten]] = collections.deque()
-        self._queued = 0  # jobs ever queued / done: flush waits for a number, not for "empty"
-        self._done = 0
-        self._thread: Optional[threading.Thread] = None
+        self.forget_after_fork()
         self._write_lock = threading.Lock()  # held by whichever thread writes the queue's head
         self._claimed: set[str] = set()
         self._cleaned: set[str] = set()  # folders already rid of dead processes' temporaries
@@ -79,7 +73,6 @@ class TraceWriter:
         self._host = host_label()
         self._anchors_until = float("-inf")  # the end of the last clock anchor a trace carries
         self._ray_until = 0  # the number of the last side of a Ray call a trace carries
-        self._unregister = background.add(background.WRITES, self.flush)
 
     # --- public -------------------------------------------------------------------------------
 
@@ -95,7 +88,7 @@ class TraceWriter:
                 self._cuda_target = self._queued
             self._changed.notify_all()
             target = self._queued - MAX_PENDING
-        if not self._ensure_thread():
+        if not self.start():
             self._drain_here()
             return
         if target > self._done:
@@ -111,7 +104,7 @@ class TraceWriter:
             target = self._queued
             if self._done >= target:
                 return True
-        if not self._ensure_thread():
+        if not self.start():
             self._drain_here()
             return True
         return self._wait_until(target, timeout, count=count)
@@ -127,29 +120,25 @@ class TraceWriter:
                 return
         self._wait_until(target, None, count=True)
 
-    @property
-    def has_pending(self) -> bool:
-        return self._done < self._queued
-
     def forget_after_fork(self) -> None:
-        # The parent's writer thread does not exist in a forked child, which writes nothing.
+        """An empty queue and no thread: how a writer starts, and what a forked child has (the
+        parent's writer thread does not exist there, and the child writes nothing)."""
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._queue = collections.deque()
-        self._queued = self._done = 0
-        self._thread = None
-        self._unregister = background.add(background.WRITES, self.flush)
+        self._changed = threading.Condition(self._lock)  # a job was queued or done
+        # Stopped traces waiting for the writer; the head is being written.
+        self._queue: collections.deque[tuple[StoppedTrace, OnWritten]] = collections.deque()
+        self._queued = 0  # jobs ever queued / done: flush waits for a number, not for "empty"
+        self._done = 0
+        self._thread: Optional[threading.Thread] = None
+        background.add(background.WRITES, self.flush)  # for good: a flush with nothing queued returns at once
 
     # --- the writer thread ------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the writer thread now (with the profiler's warm-up), so the first trace's end
-        does not wait for a thread to start (~4 ms)."""
-        self._ensure_thread()
-
-    def _ensure_thread(self) -> bool:
-        """Start the writer thread if needed; False when no thread can start (interpreter
-        finalizing), and the caller writes in its own thread instead."""
+    def start(self) -> bool:
+        """Start the writer thread if needed (the engine calls it with the profiler's warm-up,
+        so the first trace's end does not wait for a thread to start, ~4 ms); False when no
+        thread can start (interpreter finalizing), and the caller writes in its own thread
+        instead."""
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 return True
@@ -181,20 +170,17 @@ class TraceWriter:
                 if not self._queue:
                     return False
                 trace, on_written = self._queue[0]
-            self._write_one(trace, on_written)
+            try:
+                self._write_now(trace, on_written)
+            except BaseException as exc:  # never let the writer thread die with work queued
+                self._fail(trace.row(), f"unexpected error while writing: {exc!r}", 0.0)
+            finally:
+                _release(trace.results)
+                with self._lock:
+                    self._queue.popleft()
+                    self._done += 1
+                    self._changed.notify_all()
             return True
-
-    def _write_one(self, trace: StoppedTrace, on_written: OnWritten) -> None:
-        try:
-            self._write_now(trace, on_written)
-        except BaseException as exc:  # never let the writer thread die with work queued
-            self._fail(trace.row(), f"unexpected error while writing: {exc!r}", 0.0)
-        finally:
-            _release(trace.results)
-            with self._lock:
-                self._queue.popleft()
-                self._done += 1
-                self._changed.notify_all()
 
     @interruptible
     def _wait_until(self, target: int, timeout: Optional[float], *, count: bool) -> bool:
@@ -232,10 +218,11 @@ class TraceWriter:
             raw_path = work.file("trace.json")
             self._export(trace, raw_path)
             ranges: list[Range] = []
-            step_s = mark_region_ranges(raw_path, _range_names(trace), name.step, ranges)
+            labels = _range_labels(trace)
+            step_s = mark_region_ranges(raw_path, labels, name.step, ranges)
             if step_s is not None:  # the file's own wall time, the one `ls` and `summarize` read
                 record = attrs.evolve(record, wall_s=step_s)
-            self._add_timeline(trace, raw_path, ranges, work.file("timeline.json"))
+            self._add_timeline(trace, raw_path, ranges, labels, work.file("timeline.json"))
             target = self._free_target(folder, name)
             try:
                 size = finish_tail(raw_path, os.path.abspath(target), trace.spans)
@@ -251,8 +238,15 @@ class TraceWriter:
         finally:
             if work is not None:
                 work.remove()
-        record = attrs.evolve(record, gpu_ms=gpu_ms, memory_snapshot=snapshot)
-        self._finish(record, path, size, export_s, on_written)
+        final = attrs.evolve(
+            record, gpu_ms=gpu_ms, memory_snapshot=snapshot, path=path, size_bytes=size, export_s=export_s
+        )
+        STORE.add_costs(export_s=export_s)
+        STORE.add_trace(final)
+        try:
+            on_written(final)
+        except Exception as exc:  # the file is written and recorded: report, do not fail it
+            warn(f"torchstep_prof: after writing {path}: {exc!r}", TraceWriteWarning)
 
     def _snapshot(self, trace: StoppedTrace, temporary: str, path: str) -> Optional[str]:
         """Write the trace's CUDA memory snapshot next to its file at ``path`` (if it has one);
@@ -329,7 +323,14 @@ class TraceWriter:
             except TraceTailError as exc:
                 raise _ExportFailed(str(exc)) from None
 
-    def _add_timeline(self, trace: StoppedTrace, raw_path: str, ranges: list[Range], work_path: str) -> None:
+    def _add_timeline(
+        self,
+        trace: StoppedTrace,
+        raw_path: str,
+        ranges: list[Range],
+        labels: dict[str, tuple[str, str]],
+        work_path: str,
+    ) -> None:
         """Put the process's spans for the trace's window in its ``torchstep_prof`` key, for
         ``torchstep-prof timeline`` (writing/trace_timeline.py), with the clock anchors passed
         and the sides of Ray calls noted since the previous trace. Extra: a trace whose spans cannot be read or added is written
@@ -337,10 +338,6 @@ class TraceWriter:
         from ..timeline.wall_clock import recent_anchors, recent_ray
         from ..topology import current_topology
 
-        names = list(RANGE_NAMES.items())  # the training thread may add pairs meanwhile
-        labels = {name: (role, stage) for role, stages in names for stage, name in list(stages.items())}
-        if trace.owner_range is not None and trace.owner_range not in labels:
-            labels[trace.owner_range] = (trace.name.role, trace.name.stage)
         anchors = [a for a in recent_anchors() if a[3] > self._anchors_until]
         ray, ray_until = recent_ray(after=self._ray_until)
         n = trace.name
@@ -355,15 +352,6 @@ class TraceWriter:
             remove(work_path)
 
     # --- records ------------------------------------------------------------------------------
-
-    def _finish(self, record: TraceRecord, path: str, size: int, export_s: float, on_written: OnWritten) -> None:
-        final = attrs.evolve(record, path=path, size_bytes=size, export_s=export_s)
-        STORE.add_costs(export_s=final.export_s)
-        STORE.add_trace(final)
-        try:
-            on_written(final)
-        except Exception as exc:  # the file is written and recorded: report, do not fail it
-            warn(f"torchstep_prof: after writing {path}: {exc!r}", TraceWriteWarning)
 
     def _first(self, kind: tuple[str, str]) -> bool:
         """Whether a failure of this ``kind`` is the first of the process (then warned about)."""
@@ -408,13 +396,14 @@ def _release(results: Any) -> None:
         inner.kineto_results = None
 
 
-def _range_names(trace: StoppedTrace) -> set[str]:
-    """Every region range name the trace may hold: each (role, stage) pair seen so far (the
-    table only grows; ``list()`` copies it whole while the training thread may add to it)."""
-    names = {name for stages in list(RANGE_NAMES.values()) for name in list(stages.values())}
-    if trace.owner_range is not None:
-        names.add(trace.owner_range)
-    return names
+def _range_labels(trace: StoppedTrace) -> dict[str, tuple[str, str]]:
+    """Every region range name the trace may hold, with its (role, stage): each pair seen so
+    far (the table only grows; ``list()`` copies it whole while the training thread may add to
+    it), and the owner's."""
+    labels = {name: (role, stage) for role, stages in list(RANGE_NAMES.items()) for stage, name in list(stages.items())}
+    if trace.owner_range is not None and trace.owner_range not in labels:
+        labels[trace.owner_range] = (trace.name.role, trace.name.stage)
+    return labels
 
 
 def _message(exc: BaseException) -> str:
