@@ -19,6 +19,7 @@ import attrs
 from ..config.model import FinishHookConfig
 from ..naming import sanitize_label
 from ..summary.records import STORE, HookRecord
+from ..writing.temp_files import remove
 from .process import HookInterrupt, display, run_command, warn_hook
 from .relocate import relocate_traces
 
@@ -188,10 +189,7 @@ def run_hook(
         )
     finally:
         if traces_file is not None:  # the command has ended: the list served its purpose
-            try:
-                os.unlink(traces_file)
-            except OSError:
-                pass
+            remove(traces_file)
     record = HookRecord(
         cmd=hook.cmd,
         rank=context.rank,
