@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Iterable, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
@@ -61,10 +61,6 @@ def _roles(value: Iterable[str]) -> Tuple[str, ...]:
     return tuple(dict.fromkeys(sanitize_label(role, "role") for role in value))
 
 
-def _paths(value: Iterable[Union[str, "os.PathLike[str]"]]) -> Tuple[str, ...]:
-    return tuple(os.fspath(path) for path in value)
-
-
 @attrs.frozen(kw_only=True)
 class HookContext:
     """What the finish hook is told about the rank it runs on.
@@ -77,13 +73,13 @@ class HookContext:
     ('actor', 'compute-log-prob')
     """
 
-    save_path: str = attrs.field(converter=os.fspath)
+    save_path: str
     rank: int
     world_size: int
     local_rank: int
     pid: int = attrs.field(factory=os.getpid)
     roles: Tuple[str, ...] = attrs.field(default=(), converter=_roles)
-    traces: Tuple[str, ...] = attrs.field(default=(), converter=_paths)
+    traces: Tuple[str, ...] = ()
 
 
 def hook_environment(

@@ -196,14 +196,12 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
     # and stage folded after a "-" (never a number cut: step, rank, wall time and size keep
     # their width whatever the labels).
     layouts = [(columns, True), (columns, False), (columns[:-1], True), (columns[:-1], False)]
-    table: Table | None = None
     for chosen, padded in layouts:
-        candidate = _table(chosen, padded)
-        if width is None or _natural_width(candidate) <= width:
-            table = candidate
+        table = _table(chosen, padded)
+        if width is None or _natural_width(table) <= width:
             break
-    if table is None:  # not even the narrowest fits whole: fold its labels to what is left
-        table = _table(_fold_labels(chosen, _natural_width(candidate), width or 0), False)
+    else:  # not even the narrowest fits whole: fold its labels to what is left
+        table = _table(_fold_labels(chosen, _natural_width(table), width or 0), False)
     parts: list[Any] = [Text(safe_text(title))]
     if data.traces:
         parts.append(table)
