@@ -46,8 +46,6 @@ ENV_ROLES = "TORCHSTEP_PROF_ROLES"
 ENV_TRACES = "TORCHSTEP_PROF_TRACES"
 ENV_TRACES_FILE = "TORCHSTEP_PROF_TRACES_FILE"
 
-OUTPUT_PREFIX = "[rank {rank}] "
-
 # TORCHSTEP_PROF_TRACES only while it stays this short: thousands of paths in one variable make
 # exec fail ("Argument list too long"); TORCHSTEP_PROF_TRACES_FILE always lists them all.
 _MAX_TRACES_VARIABLE = 32 * 1024
@@ -180,7 +178,7 @@ def run_hook(
             hook.cmd,
             hook_environment(context, traces_file=traces_file),
             timeout_s=hook.timeout_s,
-            prefix=OUTPUT_PREFIX.format(rank=context.rank),
+            prefix=f"[rank {context.rank}] ",
             interrupt=interrupt,
         )
     finally:

@@ -32,13 +32,10 @@ class RegionCollector:
     and, with ``auto_trace``, ``torchstep_prof_auto_trace_decisions_total`` (by outcome) and
     ``torchstep_prof_auto_trace_info`` (the newest automatic trace's file and why)."""
 
-    def __init__(self) -> None:
-        self._node = socket.gethostname()
-
     def collect(self) -> Iterator[Any]:
         # Read at each scrape: the rank is torch.distributed's once its process group exists.
         topology = current_topology()
-        place = [str(topology.rank), str(topology.world_size), self._node]
+        place = [str(topology.rank), str(topology.world_size), socket.gethostname()]
         regions = HistogramMetricFamily(
             f"{PREFIX}_region_seconds",
             "Wall time of torchstep_prof regions (role/stage), profiled or not",
