@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Iterable, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
 from ..config.model import FinishHookConfig
 from ..naming import sanitize_label
 from ..summary.records import STORE, HookRecord
+from ..writing.temp_files import remove
 from .process import HookInterrupt, display, run_command, warn_hook
 from .relocate import relocate_traces
 
@@ -45,8 +46,6 @@ ENV_ROLES = "TORCHSTEP_PROF_ROLES"
 ENV_TRACES = "TORCHSTEP_PROF_TRACES"
 ENV_TRACES_FILE = "TORCHSTEP_PROF_TRACES_FILE"
 
-OUTPUT_PREFIX = "[rank {rank}] "
-
 # TORCHSTEP_PROF_TRACES only while it stays this short: thousands of paths in one variable make
 # exec fail ("Argument list too long"); TORCHSTEP_PROF_TRACES_FILE always lists them all.
 _MAX_TRACES_VARIABLE = 32 * 1024
@@ -58,10 +57,6 @@ def _roles(value: Iterable[str]) -> Tuple[str, ...]:
     # Sanitizing is idempotent: labels already cleaned by the engine pass unchanged, and the hook
     # can never see a role spelled differently from the file names.
     return tuple(dict.fromkeys(sanitize_label(role) for role in value))
-
-
-def _paths(value: Iterable[Union[str, "os.PathLike[str]"]]) -> Tuple[str, ...]:
-    return tuple(os.fspath(path) for path in value)
 
 
 @attrs.frozen(kw_only=True)
@@ -76,13 +71,13 @@ class HookContext:
     ('actor', 'compute-log-prob')
     """
 
-    save_path: str = attrs.field(converter=os.fspath)
+    save_path: str
     rank: int
     world_size: int
     local_rank: int
     pid: int = attrs.field(factory=os.getpid)
     roles: Tuple[str, ...] = attrs.field(default=(), converter=_roles)
-    traces: Tuple[str, ...] = attrs.field(default=(), converter=_paths)
+    traces: Tuple[str, ...] = ()
 
 
 def hook_environment(
@@ -183,15 +178,12 @@ def run_hook(
             hook.cmd,
             hook_environment(context, traces_file=traces_file),
             timeout_s=hook.timeout_s,
-            prefix=OUTPUT_PREFIX.format(rank=context.rank),
+            prefix=f"[rank {context.rank}] ",
             interrupt=interrupt,
         )
     finally:
         if traces_file is not None:  # the command has ended: the list served its purpose
-            try:
-                os.unlink(traces_file)
-            except OSError:
-                pass
+            remove(traces_file)
     record = HookRecord(
         cmd=hook.cmd,
         rank=context.rank,

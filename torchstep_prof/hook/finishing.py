@@ -30,7 +30,7 @@ from ..topology import Topology, current_topology
 if TYPE_CHECKING:
     from .process import HookInterrupt
 
-__all__ = ["finish", "runs_hook", "wait_at_exit", "wait_for_hooks"]
+__all__ = ["finish", "runs_hook", "wait_at_exit"]
 
 _STATUS_EVERY_S = 10.0  # a plain progress line this often when stderr is not a terminal
 
@@ -89,7 +89,7 @@ def finish(scope: HookScope, where: Optional[ProfilerConfig], flush_traces: Call
 
     def on_its_thread() -> None:
         try:
-            _run(scope, where, flush_traces, interrupt, counted=hook.wait)
+            _run(scope, where, flush_traces, interrupt)
         finally:
             run.done.set()
             unregister()
@@ -114,8 +114,6 @@ def _run(
     where: Optional[ProfilerConfig],
     flush_traces: Callable[..., object],
     interrupt: "HookInterrupt",
-    *,
-    counted: bool,
 ) -> None:
     from . import node_sync as _node_sync
     from .command import HookContext, run_hook
@@ -125,7 +123,7 @@ def _run(
     assert hook is not None  # checked by finish()
     # Every trace of the process is on disk (and listed) before the command; only when training
     # waits for the hook is this wait time the training thread waited for the writer.
-    flush_traces(count=counted)
+    flush_traces(count=hook.wait)
     topology = current_topology()
     if hook.per_node:
         _node_sync.mark_finished(scope.scope_id, topology.local_rank)
@@ -164,16 +162,6 @@ def _running() -> list[_HookRun]:
         return list(_RUNS)
 
 
-def wait_for_hooks(timeout: Optional[float] = None) -> bool:
-    """Wait for every hook started so far in the background; False if ``timeout`` ran out."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    for run in _running():
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not background.wait_for_event(run.done, remaining):
-            return False
-    return True
-
-
 def wait_at_exit() -> None:
     """At interpreter exit: wait for hooks still running (each bounded by its own ``timeout_s``),
     showing which, on which rank, for how long; Ctrl-C kills their process groups."""
@@ -189,15 +177,14 @@ def wait_at_exit() -> None:
 
         killed = kill_running_hooks()
         _print(f"torchstep_prof: interrupted; killed {killed} finish hook process group(s)")
-        wait_for_hooks(timeout=5.0)  # let the hook threads record how their commands ended
+        background.wait_for((background.HOOKS,), timeout=5.0)  # let the hook threads record how their commands ended
 
 
 def _status_text() -> str:
-    now = time.monotonic()
-    runs = _running()
     from ..rendering import safe_text  # a command may hold a newline or an escape sequence
 
-    return "; ".join(f"waiting for {safe_text(run.label)}: {now - run.started:.0f} s" for run in runs)
+    now = time.monotonic()
+    return "; ".join(f"waiting for {safe_text(run.label)}: {now - run.started:.0f} s" for run in _running())
 
 
 def _wait_with_live_status() -> None:
@@ -205,13 +192,13 @@ def _wait_with_live_status() -> None:
 
     console = Console(file=sys.stderr)
     with console.status(f"torchstep_prof: {_status_text()} (Ctrl-C kills it)") as status:
-        while not wait_for_hooks(timeout=0.2):
+        while not background.wait_for((background.HOOKS,), timeout=0.2):
             status.update(f"torchstep_prof: {_status_text()} (Ctrl-C kills it)")
 
 
 def _wait_with_plain_lines() -> None:
     _print(f"torchstep_prof: {_status_text()} (Ctrl-C kills it)")
-    while not wait_for_hooks(timeout=_STATUS_EVERY_S):
+    while not background.wait_for((background.HOOKS,), timeout=_STATUS_EVERY_S):
         _print(f"torchstep_prof: {_status_text()}")
 
 

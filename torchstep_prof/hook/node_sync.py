@@ -75,7 +75,7 @@ def mark_finished(scope_id: str, local_rank: int, environ: Optional[Mapping[str,
     >>> mark_finished("finish-hook-1", local_rank=2)  # doctest: +SKIP
     """
     try:
-        folder = _scope_dir(scope_id, environ, create=True)
+        folder = _scope_dir(scope_id, environ)
         final = os.path.join(folder, f"rank{local_rank}")
         replace_exclusively(final, f"{os.getpid()} {time.time():.3f}\n".encode())
     except OSError as exc:
@@ -103,7 +103,7 @@ def wait_for_node(
     wanted = set(range(local_world_size))
     deadline = time.monotonic() + timeout_s
     try:
-        folder = _scope_dir(scope_id, environ, create=True)
+        folder = _scope_dir(scope_id, environ)
     except OSError as exc:
         # No node-mate can mark anything here either (the same folder fails for them): waiting
         # out the bound would only stall every per-node hook. Say why, and run it now.
@@ -126,7 +126,7 @@ def cleanup(scope_id: str, environ: Optional[Mapping[str, str]] = None) -> None:
     >>> cleanup("finish-hook-1")  # doctest: +SKIP
     """
     try:
-        folder = _scope_dir(scope_id, environ, create=False)
+        folder = _scope_dir(scope_id, environ)
     except OSError:
         return
     # Only the scope's folder: removing the (empty) node folder could race with a node-mate
@@ -176,11 +176,10 @@ def _root_dir() -> str:
     return root
 
 
-def _scope_dir(scope_id: str, environ: Optional[Mapping[str, str]], *, create: bool) -> str:
+def _scope_dir(scope_id: str, environ: Optional[Mapping[str, str]]) -> str:
     scope = hashlib.sha256(scope_id.encode()).hexdigest()[:24]
     folder = os.path.join(_root_dir(), node_key(environ), f"scope-{scope}")
-    if create:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
     return folder
 
 

@@ -18,10 +18,7 @@ from ..naming import TRACE_SUFFIXES, with_part
 from ..writing.temp_files import link_exclusively, remove
 from .process import warn_hook as _warn
 
-__all__ = ["RELOCATED_NAME_FORMAT", "relocate_traces", "relocated_name"]
-
-RELOCATED_NAME_FORMAT = "relocated_rank{rank}-of-{world_size}_{name}"
-"""The name a relocated file gets in ``save_path`` (before any ``_part<i>``)."""
+__all__ = ["relocate_traces", "relocated_name"]
 
 _STAGING_PREFIX = ".torchstep_prof-relocating-"
 
@@ -31,12 +28,13 @@ PathText = Union[str, "os.PathLike[str]"]
 
 
 def relocated_name(name: str, rank: int, world_size: int) -> str:
-    """The name a file called ``name`` gets when it is relocated from ``rank`` of ``world_size``.
+    """The name a file called ``name`` gets in ``save_path`` (before any ``_part<i>``) when it is
+    relocated from ``rank`` of ``world_size``.
 
     >>> relocated_name("worker.pt.trace.json.gz", 1, 4)
     'relocated_rank1-of-4_worker.pt.trace.json.gz'
     """
-    return RELOCATED_NAME_FORMAT.format(rank=rank, world_size=world_size, name=name)
+    return f"relocated_rank{rank}-of-{world_size}_{name}"
 
 
 def relocate_traces(dirs: Iterable[PathText], save_path: PathText, rank: int, world_size: int) -> tuple[str, ...]:

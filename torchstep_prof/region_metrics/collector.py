@@ -7,10 +7,11 @@ hook runs). Imported only when metrics are on: it imports ``prometheus_client``.
 
 from __future__ import annotations
 
-import socket
-from typing import Any, Iterator
-
+import itertools
 import os
+import socket
+from collections import Counter
+from typing import Any, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
@@ -31,17 +32,10 @@ class RegionCollector:
     and, with ``auto_trace``, ``torchstep_prof_auto_trace_decisions_total`` (by outcome) and
     ``torchstep_prof_auto_trace_info`` (the newest automatic trace's file and why)."""
 
-    def __init__(self) -> None:
-        self._node = socket.gethostname()
-
-    def _place(self) -> list[str]:
+    def collect(self) -> Iterator[Any]:
         # Read at each scrape: the rank is torch.distributed's once its process group exists.
         topology = current_topology()
-        return [str(topology.rank), str(topology.world_size), self._node]
-
-    def collect(self) -> Iterator[Any]:
-        place = self._place()
-        bounds = list(BOUNDS)
+        place = [str(topology.rank), str(topology.world_size), socket.gethostname()]
         regions = HistogramMetricFamily(
             f"{PREFIX}_region_seconds",
             "Wall time of torchstep_prof regions (role/stage), profiled or not",
@@ -52,7 +46,7 @@ class RegionCollector:
         )
         # Keys are text (the recorder's series), at most MAX_PAIRS of them plus other and steps.
         for (role, stage), stats in sorted(snapshot().items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
-            buckets = _cumulative(bounds, stats.counts)
+            buckets = _cumulative(stats.counts)
             if role is STEP_KEY:
                 steps.add_metric(place, buckets, sum_value=stats.sum_s)
             else:
@@ -73,7 +67,7 @@ class RegionCollector:
             labels=["role", "stage", *_PLACE],
         )
         for (role, stage), stats in sorted(idle_snapshot().items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
-            idle.add_metric([str(role), str(stage), *place], _cumulative(bounds, stats.counts), sum_value=stats.sum_s)
+            idle.add_metric([str(role), str(stage), *place], _cumulative(stats.counts), sum_value=stats.sum_s)
         yield idle
         yield from self._records(place)
         yield from _auto_trace(place)
@@ -87,23 +81,16 @@ class RegionCollector:
         hooks = CounterMetricFamily(
             f"{PREFIX}_hook_runs", "Finish hook runs of this process, by outcome", labels=["outcome", *_PLACE]
         )
-        outcomes: dict[str, int] = {}
-        for hook in data.hooks:
-            outcomes[hook.outcome] = outcomes.get(hook.outcome, 0) + 1
-        for outcome, count in sorted(outcomes.items()):
+        for outcome, count in sorted(Counter(hook.outcome for hook in data.hooks).items()):
             hooks.add_metric([outcome, *place], count)
         yield traces
         yield hooks
 
 
-def _cumulative(bounds: list[float], counts: tuple[int, ...]) -> list[tuple[str, float]]:
+def _cumulative(counts: tuple[int, ...]) -> list[tuple[str, float]]:
     """Prometheus' ``le`` buckets: cumulative counts, the last one ``+Inf``."""
-    out: list[tuple[str, float]] = []
-    running = 0
-    for i, n in enumerate(counts):
-        running += n
-        out.append((repr(float(bounds[i])) if i < len(bounds) else "+Inf", running))
-    return out
+    upper = [repr(float(bound)) for bound in BOUNDS] + ["+Inf"]
+    return list(zip(upper, itertools.accumulate(counts)))
 
 
 def _auto_trace(place: list[str]) -> Iterator[Any]:

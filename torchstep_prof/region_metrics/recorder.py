@@ -43,7 +43,7 @@ __all__ = [
     "TimedInner",
     "TimedRegion",
     "WATCHED",
-    "fold",
+    "drain",
     "quantile",
     "record_step",
     "snapshot",
@@ -79,17 +79,15 @@ _SPANS_ON: list[bool] = []  # not empty while spans are on in this process
 _folding: list[threading.Thread] = []  # the folding thread, once started
 
 
-def set_bounds(bounds: tuple[float, ...]) -> bool:
-    """Use ``bounds`` from now on and start the folding thread; False (kept as they are) once
-    set to other ones."""
+def set_bounds(bounds: tuple[float, ...]) -> None:
+    """Use ``bounds`` from now on and start the folding thread (bounds already set are kept)."""
     with _STORES_LOCK:
         if BOUNDS:
-            return list(bounds) == BOUNDS
+            return
         BOUNDS[:] = [float(b) for b in bounds]
         if not _folding:
             _folding.append(threading.Thread(target=_fold_forever, name="torchstep_prof metrics", daemon=True))
             _folding[0].start()
-    return True
 
 
 def forget() -> None:
@@ -331,11 +329,6 @@ def idle_snapshot() -> dict[tuple[Any, Any], CellStats]:
     """Idle time before each (role, stage), and before the step's end (``("step", "end")``)."""
     with _STORES_LOCK:
         return {k: CellStats(counts=tuple(v[2:]), sum_s=v[0], max_s=v[1]) for k, v in _IDLE.items()}
-
-
-def fold() -> None:
-    """Fold every thread's durations now (the slow-step watch, for a watched region's times)."""
-    drain()
 
 
 def _fold_forever() -> None:

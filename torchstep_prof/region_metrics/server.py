@@ -120,11 +120,6 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
         """A peer's broken request (a timeout, a reset, an oversized header) only closes its
         connection: socketserver would print a traceback into training's stderr."""
 
-    def open_connections(self) -> int:
-        """How many connections are being served now."""
-        with self._open_lock:
-            return len(self._open)
-
 
 def start_server(addr: str, port: int, registry: Any) -> MetricsServer:
     """Serve ``registry`` at ``http://addr:port/metrics`` from a daemon thread; raises OSError

@@ -117,7 +117,7 @@ class SlowWatch:
         if self.config.on == "step":
             samples = self._samples
             return [samples.popleft() for _ in range(len(samples))]
-        _recorder.fold()
+        _recorder.drain()  # the watched region's times, folded now
         watched = _recorder.WATCHED
         taken = watched.region[: len(watched.region)]
         del watched.region[: len(taken)]

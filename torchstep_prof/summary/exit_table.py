@@ -64,14 +64,13 @@ def _file_cells(traces: list[TraceRecord], folder: str | None, pid: int) -> tupl
     short = [None if name is None else (f"…{tail(name)[cut:]}" if cut else tail(name)) for name in names]
     # Two traces started in the same millisecond share the time: those rows show their whole
     # file name, so that no two rows show the same cell (nor one a cell the other's name ends with).
-    seen = [cell for cell in short if cell is not None]
     cells = [
         "NOT WRITTEN"
         if cell is None
-        else (os.path.basename(trace.path) if seen.count(cell) > 1 and trace.path else cell)
+        else (os.path.basename(trace.path) if short.count(cell) > 1 and trace.path else cell)
         for cell, trace in zip(short, traces)
     ]
-    world = traces[0].world_size if traces else 1
+    world = traces[0].world_size
     rank = "<rank>" if len({t.rank for t in traces}) > 1 else str(traces[0].rank)
     how = f"file: the end of <role>_<stage>_step<n>_rank{rank}-of-{world}_pid{pid}_<UTC time>.json"
     return cells, how
@@ -197,22 +196,20 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
     # and stage folded after a "-" (never a number cut: step, rank, wall time and size keep
     # their width whatever the labels).
     layouts = [(columns, True), (columns, False), (columns[:-1], True), (columns[:-1], False)]
-    table: Table | None = None
     for chosen, padded in layouts:
-        candidate = _table(chosen, padded)
-        if width is None or _natural_width(candidate) <= width:
-            table = candidate
+        table = _table(chosen, padded)
+        if width is None or _natural_width(table) <= width:
             break
-    if table is None:  # not even the narrowest fits whole: fold its labels to what is left
-        narrowest = _table(chosen, padded)
-        table = _table(_fold_labels(chosen, _natural_width(narrowest), width or 0), False)
-    files_below = len(chosen) < len(columns)
+    else:  # not even the narrowest fits whole: fold its labels to what is left
+        table = _table(_fold_labels(chosen, _natural_width(table), width or 0), False)
+    parts: list[Any] = [Text(safe_text(title))]
+    if data.traces:
+        parts.append(table)
     lines: list[str] = []
-    listed: list[Text] = []
-    if files_below:
-        lines.append("files, in the order of the rows:")
+    if len(chosen) < len(columns):
+        parts.append(Text("files, in the order of the rows:"))
         # A file name is copied whole: longer than the console, it runs past the edge unfolded.
-        listed = [
+        parts += [
             Text(f"  {safe_text(_display(t.path, folder))}", no_wrap=True, overflow="ignore") for t in shown if t.path
         ]
     elif how:
@@ -240,12 +237,6 @@ def render_summary(data: ProfilingRecords, width: int | None = None) -> Group:
         lines.append(_missed_line(data))
     lines.extend(data.attention)
     lines.extend(_metrics_lines())
-    parts: list[Any] = [Text(safe_text(title))]
-    if data.traces:
-        parts.append(table)
-    if listed:
-        parts.append(Text(lines.pop(0)))
-        parts.extend(listed)
     parts.extend(Text(safe_text(line)) for line in lines)
     return Group(*parts)
 

@@ -115,6 +115,9 @@ class ProfilingRecords:
 class _RecordStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._empty()
+
+    def _empty(self) -> None:
         self._traces: list[TraceRecord] = []
         self._hooks: list[HookRecord] = []
         self._costs: dict[str, float] = {}
@@ -169,12 +172,7 @@ class _RecordStore:
 
     def clear(self) -> None:
         with self._lock:
-            self._traces.clear()
-            self._hooks.clear()
-            self._costs.clear()
-            self._missed.clear()
-            self._missed_unlisted = 0
-            self._attention.clear()
+            self._empty()
 
 
 STORE = _RecordStore()
