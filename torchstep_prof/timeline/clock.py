@@ -66,16 +66,15 @@ class Contradiction(NamedTuple):
 class ClockEstimate:
     """Each process's offset from ``reference`` (its clock minus the reference's) and its bound.
 
-    ``inconsistent`` holds the processes whose anchors contradict each other (a clock stepped
-    or drifting, or anchors of one name that are not one barrier): no offset fits them all, so
-    theirs comes from their host alone (unknown off the reference's host, as for a process no
-    anchor links); ``contradictions`` names the anchors.
+    ``contradictions`` names the anchors that contradict each other (a clock stepped or
+    drifting, or anchors of one name that are not one barrier): no offset fits the processes
+    they involve, so theirs comes from their host alone (unknown off the reference's host, as
+    for a process no anchor links).
     """
 
     reference: Hashable
     offsets: Mapping[Hashable, float]
     bounds: Mapping[Hashable, float]
-    inconsistent: tuple[Hashable, ...] = ()
     contradictions: tuple[Contradiction, ...] = ()
 
     def offset(self, process: Hashable) -> float:
@@ -159,7 +158,6 @@ def estimate_offsets(
         reference=names[reference],
         offsets=offsets,
         bounds=bounds,
-        inconsistent=tuple(names[i] for i in sorted(broken)),
         contradictions=contradictions,
     )
 
