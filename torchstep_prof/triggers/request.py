@@ -26,6 +26,7 @@ import attrs
 from .._shared_files import read_capped, replace_exclusively
 from ..config.model import CONTENT_NAMES
 from ..errors import ConfigError, Problem
+from ..rendering import safe_text
 
 __all__ = [
     "MAX_ID_LENGTH",
@@ -101,8 +102,7 @@ def new_id() -> str:
 
 def _shown(value: Any, limit: int = 60) -> str:
     """``repr(value)``, cut short: a problem line never carries a 30 MB value."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+    return safe_text(repr(value), limit)
 
 
 def _key(key: str) -> str:
