@@ -21,12 +21,20 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["format_ms", "format_size", "print_stripped", "safe_text", "strip_trailing_blanks", "wrap_label"]
+__all__ = [
+    "format_ms",
+    "format_size",
+    "print_stripped",
+    "safe_text",
+    "step_ranges",
+    "strip_trailing_blanks",
+    "wrap_label",
+]
 
 # C0 and C1 controls and DEL; tabs too (they break column alignment) and the Unicode line and
 # paragraph separators (some terminals and log viewers start a new line at them).
@@ -71,6 +79,21 @@ def format_ms(value: float) -> str:
     if not math.isfinite(value):
         return "?"
     return f"{round(value, 3):.1f}" if abs(value) < 1e7 else f"{value:.1e}"
+
+
+def step_ranges(numbers: Iterable[int]) -> str:
+    """Step numbers in order, runs of consecutive ones as ranges.
+
+    >>> step_ranges([0, 1, 2, 3, 7]), step_ranges({5, 3})
+    ('0-3, 7', '3, 5')
+    """
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 # A piece ends after a separator: "actor-" "compute-" "log-" "prob" ("/": a region's role/stage).

@@ -34,9 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..rendering import safe_text
+    from ..rendering import safe_text, step_ranges
     from ..timeline.ledger import build_ledger
-    from ..timeline.output import ledger_lines, ledger_to_dict, step_ranges
+    from ..timeline.output import ledger_lines, ledger_to_dict
     from ..timeline.sources import read_timeline_folder
 
     folder = args.directory
@@ -52,7 +52,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         missing = [n for n in args.step if n not in known]
         if missing:
             numbers = ", ".join(str(n) for n in missing)
-            listed = step_ranges(sorted(known)) or "none"
+            listed = step_ranges(known) or "none"
             why = (
                 f"not traced (traced: {listed})" if spans.source == "traces" else f"not in the spans (steps: {listed})"
             )

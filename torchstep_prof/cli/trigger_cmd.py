@@ -162,8 +162,7 @@ def _write(args: argparse.Namespace, folder: str, running: list[Any], contents: 
         steps = tuple(range(args.at, args.at + args.next))
         rule = {"at": args.at}
     else:
-        plan = choose_steps(running, time.time(), args.next, args.align)
-        steps, rule = plan.steps, plan.rule()
+        steps, rule = choose_steps(running, time.time(), args.next, args.align)
     rule.update(next=args.next, align=args.align)
     request = Request(
         id=new_id(),

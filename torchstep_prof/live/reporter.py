@@ -32,7 +32,7 @@ from ..triggers.watcher import ON_DEMAND
 from . import sampling
 from .open_regions import open_regions
 from . import running
-from .stall import StallReport, fire
+from .stall import fire
 from .status import live_path, stall_path
 
 __all__ = ["LIVE", "LiveSettings", "Reporter", "scope_left", "settings_of", "watch"]
@@ -87,7 +87,7 @@ class Reporter:
         self._collective: tuple[Optional[str], Optional[int]] = (None, None)
         self._collective_since: Optional[float] = None
         self._path: Optional[str] = None
-        self._fired: Optional[StallReport] = None
+        self._fired = False  # the stall rule fires once per process
         self._warned: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="torchstep_prof-live", daemon=True)
         self._rides: Any = None  # the on-demand poll thread's watcher this status rides, if any
@@ -104,9 +104,7 @@ class Reporter:
         poll: no second thread), else on a thread of its own. The training thread only makes
         the folder: every file in it is written by the polling thread (a FIFO planted there
         must never hold up training)."""
-        os.makedirs(self.settings.dir, exist_ok=True)
-        if not os.path.isdir(self.settings.dir):
-            raise NotADirectoryError(f"{self.settings.dir} is not a folder")
+        os.makedirs(self.settings.dir, exist_ok=True)  # FileExistsError for a file there: not a folder
         if rides is not None:
             self._rides = rides
             rides.riders.append(self._poll_quietly)
@@ -162,7 +160,7 @@ class Reporter:
             if self._seen_step is not None and step is not None and step > self._seen_step:
                 self._durations.append((mono - self._progress) / (step - self._seen_step))
             self._seen_step, self._progress, self._step_since = step, mono, now
-        ident = self.thread if self.thread is not None else sampling.main_thread_ident()
+        ident = self.thread if self.thread is not None else threading.main_thread().ident
         # The status thread's own stack says nothing (the final status, written as the scope exits).
         frames = sampling.frames_of(ident) if ident is not None and ident != get_ident() else []
         collective = sampling.collective_of(frames)
@@ -185,21 +183,13 @@ class Reporter:
             "regions": [{"role": str(r)[:300], "stage": str(s)[:300], "since": t} for r, s, t in regions[-64:]],
             "collective": key[0], "ordinal": key[1], "collective_since": self._collective_since,
             "where": where, "stack": sampling.stack_lines(frames), "quiet_s": round(quiet_s, 3),
-            "threshold_s": threshold, "stalled_s": None,
+            "threshold_s": threshold, "stalled_s": round(quiet_s, 3) if stalled else None,
         }  # fmt: skip
-        if stalled:
-            status["stalled_s"] = round(quiet_s, 3)
         self._write(topology.rank, status)
-        if stalled and self._fired is None:
-            self._fired = fire(
-                StallReport(
-                    path=stall_path(self.settings.dir, topology.rank, self.role), rank=topology.rank, role=self.role,
-                    step=step, quiet_s=quiet_s, threshold_s=threshold or 0.0, status=status, folder=self.settings.dir,
-                ),
-                self.settings.stall,
-                self.save_path,
-                topology,
-            )  # fmt: skip
+        if stalled and not self._fired:
+            path = stall_path(self.settings.dir, topology.rank, self.role)
+            fire(path, self.settings.dir, status, quiet_s, self.settings.stall, self.save_path, topology)
+            self._fired = True
         return status
 
     def _write(self, rank: int, status: dict[str, Any]) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import linecache
 import os
 import sys
-import threading
 from types import FrameType
 from typing import Any, Optional
 
@@ -92,7 +91,3 @@ def sequence_number() -> Optional[int]:
     except Exception:  # a backend without sequence numbers, or a group being torn down
         return None
     return number if isinstance(number, int) else None
-
-
-def main_thread_ident() -> Optional[int]:
-    return threading.main_thread().ident

@@ -14,16 +14,15 @@ import threading
 import time
 from typing import Any, Optional
 
-import attrs
-
 from .._shared_files import replace_exclusively
 from ..config.model import StallConfig
 from ..errors import TorchstepProfWarning, warn
 from ..rendering import safe_text
 from ..topology import Topology
+from .verdict import _seconds
 
 __all__ = [
-    "ENV_STALL_FILE", "ENV_STALL_QUIET_S", "ENV_STALL_STEP", "ENV_STATUS_DIR", "StallReport", "fire", "stall_text",
+    "ENV_STALL_FILE", "ENV_STALL_QUIET_S", "ENV_STALL_STEP", "ENV_STATUS_DIR", "fire", "stall_text",
 ]  # fmt: skip
 
 ENV_STALL_FILE = "TORCHSTEP_PROF_STALL_FILE"
@@ -36,27 +35,12 @@ ENV_STATUS_DIR = "TORCHSTEP_PROF_STATUS_DIR"
 """The live status folder (``torchstep-prof status "$TORCHSTEP_PROF_STATUS_DIR"`` shows every rank)."""
 
 
-@attrs.frozen(kw_only=True)
-class StallReport:
-    """One rank found stalled: where it wrote, and what it saw."""
-
-    path: str
-    folder: str
-    rank: int
-    role: Optional[str]
-    step: Optional[int]
-    quiet_s: float
-    threshold_s: float
-    status: dict[str, Any] = attrs.field(eq=False, repr=False)
-
-
-def stall_text(report: StallReport) -> str:
+def stall_text(status: dict[str, Any], quiet_s: float) -> str:
     """The stall file: one line of verdict, the open regions, the collective, the stack."""
-    status = report.status
-    name = f"rank {report.rank}" + (f" ({report.role})" if report.role else "")
-    step = "before its first step" if report.step is None else f"at step {report.step}"
+    name = f"rank {status['rank']}" + (f" ({status['role']})" if status["role"] else "")
+    step = "before its first step" if status["step"] is None else f"at step {status['step']}"
     lines = [
-        f"{name}: no step progress for {_seconds(report.quiet_s)} {step} (threshold {report.threshold_s:g} s)",
+        f"{name}: no step progress for {_seconds(quiet_s)} {step} (threshold {status['threshold_s']:g} s)",
         f"pid {status.get('pid')} on {safe_text(status.get('host'))}, "
         f"written {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(status['time']))} UTC",
     ]
@@ -84,31 +68,35 @@ def stall_text(report: StallReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
-
-
-def fire(report: StallReport, rule: Optional[StallConfig], save_path: str, topology: Topology) -> StallReport:
-    """Write the stall file, warn, and start the rule's command (if any) on its own thread."""
+def fire(
+    path: str, folder: str, status: dict[str, Any], quiet_s: float, rule: Optional[StallConfig], save_path: str,
+    topology: Topology,
+) -> None:  # fmt: skip
+    """Write the stall file ``path`` of a rank found stalled (its ``status`` just written in ``folder``),
+    warn, and start the rule's command (if any) on its own thread."""
     try:
-        replace_exclusively(report.path, stall_text(report).encode("utf-8"))
-        written = f"its status and stack are in {report.path}"
+        replace_exclusively(path, stall_text(status, quiet_s).encode("utf-8"))
+        written = f"its status and stack are in {path}"
     except OSError as exc:
-        written = f"its stall file {report.path} cannot be written ({exc})"
-    step = "before its first step" if report.step is None else f"in step {report.step}"
+        written = f"its stall file {path} cannot be written ({exc})"
+    step = "before its first step" if status["step"] is None else f"in step {status['step']}"
     warn(
-        f"torchstep_prof: rank {report.rank} has made no step progress for {_seconds(report.quiet_s)} {step}; "
-        f"{written} (`torchstep-prof status {report.folder}` shows every rank)",
+        f"torchstep_prof: rank {topology.rank} has made no step progress for {_seconds(quiet_s)} {step}; "
+        f"{written} (`torchstep-prof status {folder}` shows every rank)",
         TorchstepProfWarning,
     )
     if rule is not None and rule.cmd is not None:
         threading.Thread(
-            target=_run_command, args=(report, rule, save_path, topology), name="torchstep_prof-stall-cmd", daemon=True
+            target=_run_command,
+            args=(path, folder, status["step"], quiet_s, rule, save_path, topology),
+            name="torchstep_prof-stall-cmd",
+            daemon=True,
         ).start()
-    return report
 
 
-def _run_command(report: StallReport, rule: StallConfig, save_path: str, topology: Topology) -> None:
+def _run_command(
+    path: str, folder: str, step: Optional[int], quiet_s: float, rule: StallConfig, save_path: str, topology: Topology
+) -> None:
     from ..hook.command import HookContext, hook_environment
     from ..hook.process import display, run_command, warn_hook
     from ..summary.records import HOOK_OK
@@ -121,10 +109,10 @@ def _run_command(report: StallReport, rule: StallConfig, save_path: str, topolog
     env = hook_environment(context)
     env.update(
         {
-            ENV_STALL_FILE: report.path,
-            ENV_STALL_STEP: "" if report.step is None else str(report.step),
-            ENV_STALL_QUIET_S: f"{report.quiet_s:.0f}",
-            ENV_STATUS_DIR: report.folder,
+            ENV_STALL_FILE: path,
+            ENV_STALL_STEP: "" if step is None else str(step),
+            ENV_STALL_QUIET_S: f"{quiet_s:.0f}",
+            ENV_STATUS_DIR: folder,
         }
     )
     try:

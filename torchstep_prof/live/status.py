@@ -82,7 +82,6 @@ class LiveStatus:
     where: Optional[str] = None
     stack: tuple[dict[str, Any], ...] = ()
     stalled_s: Optional[float] = None
-    threshold_s: Optional[float] = None
 
     @classmethod
     def from_json(cls, path: str, data: Any) -> LiveStatus:
@@ -110,7 +109,6 @@ class LiveStatus:
             where=_text(data.get("where")),
             stack=tuple(_frames(stack)),
             stalled_s=_number(data.get("stalled_s"), 1e12),
-            threshold_s=_number(data.get("threshold_s"), 1e12),
         )
 
     @property

@@ -160,16 +160,12 @@ def _waiters(views: Sequence[RankView], now: float) -> list[str]:
 
 
 def _names(views: Sequence[RankView]) -> str:
-    roles = {v.status.role for v in views}
-    if len(roles) == 1 and None in roles:
-        ranks = [str(v.status.rank) for v in views]
-        head = "rank " if len(ranks) == 1 else "ranks "
-        shown = ranks[:RANKS_SHOWN] + ([f"{len(ranks) - RANKS_SHOWN} more"] if len(ranks) > RANKS_SHOWN else [])
-        return head + ", ".join(shown)
-    shown = [v.status.name for v in views[:RANKS_SHOWN]]
+    plain = all(v.status.role is None for v in views)  # "ranks 0, 2", else "rank 0 (actor), rank 1 (critic)"
+    shown = [str(v.status.rank) if plain else v.status.name for v in views[:RANKS_SHOWN]]
     if len(views) > RANKS_SHOWN:
         shown.append(f"{len(views) - RANKS_SHOWN} more")
-    return ", ".join(shown)
+    head = ("rank " if len(views) == 1 else "ranks ") if plain else ""
+    return head + ", ".join(shown)
 
 
 def _missing(views: Sequence[RankView]) -> list[str]:

@@ -6,6 +6,7 @@ of its own): the decisions counter, the newest automatic trace and the bytes of 
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Optional
 
 from . import why as _why
@@ -22,12 +23,9 @@ class _Decisions:
 
     def clear(self) -> None:
         """Forget every decision, as a new process has none."""
-        self.counts: dict[str, int] = {}
+        self.counts: Counter[str] = Counter()  # decisions by outcome
         self.lines = 0
         self.steps: set[int] = set()  # steps this rank traced automatically (its own or a peer's)
-
-    def count(self, outcome: str) -> None:
-        self.counts[outcome] = self.counts.get(outcome, 0) + 1
 
 
 DECISIONS = _Decisions()

@@ -17,16 +17,20 @@ import os
 import secrets
 import time
 from collections import deque
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional
 
 from .._shared_files import replace_exclusively
 from ..config.model import AutoTraceConfig
 from ..region_metrics import recorder as _recorder
+from ..rendering import safe_text, step_ranges
 from ..topology import current_topology
 from . import why as _why
 from .decisions import DECISIONS as _DECISIONS
 from .decisions import own_auto_bytes
 from .rule import HOUR_S, Budget, Detector, Slowdown
+
+if TYPE_CHECKING:
+    from ..triggers.watcher import Watcher
 
 
 __all__ = ["DECISION_PREFIX", "MAX_DECISION_LINES", "TICK_S", "SlowWatch", "as_peer"]
@@ -38,19 +42,6 @@ DECISION_PREFIX = "auto-"
 MAX_DECISION_LINES = 20  # exit-summary lines of decisions; later ones are counted in the metrics
 _MAX_SAMPLES = 65_536  # per tick at most; a stalled watch thread keeps the newest
 _MAX_RECORDS_READ = 10_000
-
-
-class _Watcher(Protocol):
-    """What the watch uses of the on-demand watcher (triggers/watcher.py) that runs it."""
-
-    step: Optional[int]
-    plan: Any
-    folder: str
-
-    def serve_own(self, request: Any) -> None: ...
-    def ask_peers(self, request: Any) -> None: ...
-    def statuses(self) -> list[Any]: ...
-    def _warn_once(self, key: str, message: str) -> None: ...
 
 
 def _note(key: str, line: str) -> None:
@@ -67,13 +58,7 @@ def _number(value: Any, spec: str) -> str:
     """A number from a request file as the exit line shows it (anything else: escaped text)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return format(value, spec)
-    from ..rendering import safe_text
-
     return safe_text(str(value)[:40])
-
-
-def _shown(steps: tuple[int, ...]) -> str:
-    return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -113,7 +98,7 @@ class SlowWatch:
 
     # --- the watcher's thread ---------------------------------------------------------------
 
-    def _drain(self, watcher: _Watcher) -> list[tuple[int, float]]:
+    def _drain(self, watcher: Watcher) -> list[tuple[int, float]]:
         if self.config.on == "step":
             samples = self._samples
             return [samples.popleft() for _ in range(len(samples))]
@@ -124,7 +109,7 @@ class SlowWatch:
         step = watcher.step if watcher.step is not None else 0
         return [(step, seconds) for seconds in taken[-_MAX_SAMPLES:]]
 
-    def check(self, watcher: _Watcher) -> None:
+    def check(self, watcher: Watcher) -> None:
         """Read the samples since the last tick; decide on the first slowdown among them.
 
         Steps near a trace are left out: a profiled step (any: scheduled, requested or this
@@ -148,13 +133,13 @@ class SlowWatch:
         """Whether this rank slowed lately (within a baseline of steps): no peer for another."""
         return self.slow_at is not None and (step is None or step - self.slow_at <= self.config.baseline_steps)
 
-    def decide(self, watcher: _Watcher, slow: Slowdown) -> None:
+    def decide(self, watcher: Watcher, slow: Slowdown) -> None:
         rank = current_topology().rank
         self.slow_at = slow.step
         head = f"auto trace: step {slow.step}, rank {rank}: {slow.ratio:.1f}x its median {slow.baseline_ms:.0f} ms"
         refusal = self._refusal(watcher, slow)
         if refusal is not None:
-            _DECISIONS.count("skipped")
+            _DECISIONS.counts["skipped"] += 1
             _note(f"auto-trace-skip-{rank}-{slow.step}", f"{head}; not traced ({refusal})")
             return
         steps, peers = self._choose(watcher, rank)
@@ -172,10 +157,10 @@ class SlowWatch:
         if peers:
             asked = Request(id=request_id, steps=steps, ranks=tuple(peers), all_ranks=False, rule={"auto_trace": why})
             watcher.ask_peers(asked)
-        _DECISIONS.count("traced")
-        _note(f"auto-trace-{request_id}", f"{head}; traced steps {_shown(steps)} on {_ranks([rank, *peers])}")
+        _DECISIONS.counts["traced"] += 1
+        _note(f"auto-trace-{request_id}", f"{head}; traced steps {step_ranges(steps)} on {_ranks([rank, *peers])}")
 
-    def _refusal(self, watcher: _Watcher, slow: Slowdown) -> Optional[str]:
+    def _refusal(self, watcher: Watcher, slow: Slowdown) -> Optional[str]:
         if watcher.plan is not None:
             return "busy: a trace of this rank's is planned already"
         statuses = watcher.statuses()
@@ -187,7 +172,7 @@ class SlowWatch:
             bytes_written=job_bytes,
         )
 
-    def _choose(self, watcher: _Watcher, rank: int) -> tuple[tuple[int, ...], list[int]]:
+    def _choose(self, watcher: Watcher, rank: int) -> tuple[tuple[int, ...], list[int]]:
         """The steps (every rank asked can still reach them: the on-demand rule) and the peers:
         the lowest ranks running that did not slow lately."""
         from ..triggers.planning import choose_steps
@@ -202,10 +187,10 @@ class SlowWatch:
         asked = [s for s in statuses if s.rank in peers]
         first = now_step + 2  # one to spare: the step after the one running now may begin meanwhile
         if asked:
-            first = max(first, choose_steps(asked, now, self.config.next, 1).steps[0])
+            first = max(first, choose_steps(asked, now, self.config.next, 1)[0][0])
         return tuple(range(first, first + self.config.next)), peers
 
-    def _record(self, watcher: _Watcher, request_id: str, why: dict[str, Any], steps: tuple[int, ...]) -> None:
+    def _record(self, watcher: Watcher, request_id: str, why: dict[str, Any], steps: tuple[int, ...]) -> None:
         """The capture's record in the folder: the job's hourly budget counts these."""
         data = dict(why, steps=list(steps), time=time.time())
         try:
@@ -245,16 +230,19 @@ def as_peer(request: Any, why: dict[str, Any], at_step: Optional[int]) -> bool:
         f"{_number(why.get('ratio'), '.1f')}x its median {_number(why.get('baseline_ms'), '.0f')} ms)"
     )
     if at_step is not None and steps[0] <= at_step:
-        _DECISIONS.count("peer-missed")
+        _DECISIONS.counts["peer-missed"] += 1
         _note(
             f"auto-trace-peer-{request.id}",
-            f"auto trace: rank {rank} could not trace steps {_shown(steps)} for {slow}: it was at step {at_step}",
+            f"auto trace: rank {rank} could not trace steps {step_ranges(steps)} for {slow}: it was at step {at_step}",
         )
         return False
     _why.note(steps, dict(why, peer=rank))
     _DECISIONS.steps.update(steps)
-    _DECISIONS.count("peer")
-    _note(f"auto-trace-peer-{request.id}", f"auto trace: rank {rank} traces steps {_shown(steps)} as a peer of {slow}")
+    _DECISIONS.counts["peer"] += 1
+    _note(
+        f"auto-trace-peer-{request.id}",
+        f"auto trace: rank {rank} traces steps {step_ranges(steps)} as a peer of {slow}",
+    )
     return True
 
 

@@ -66,16 +66,15 @@ class Contradiction(NamedTuple):
 class ClockEstimate:
     """Each process's offset from ``reference`` (its clock minus the reference's) and its bound.
 
-    ``inconsistent`` holds the processes whose anchors contradict each other (a clock stepped
-    or drifting, or anchors of one name that are not one barrier): no offset fits them all, so
-    theirs comes from their host alone (unknown off the reference's host, as for a process no
-    anchor links); ``contradictions`` names the anchors.
+    ``contradictions`` names the anchors that contradict each other (a clock stepped or
+    drifting, or anchors of one name that are not one barrier): no offset fits the processes
+    they involve, so theirs comes from their host alone (unknown off the reference's host, as
+    for a process no anchor links).
     """
 
     reference: Hashable
     offsets: Mapping[Hashable, float]
     bounds: Mapping[Hashable, float]
-    inconsistent: tuple[Hashable, ...] = ()
     contradictions: tuple[Contradiction, ...] = ()
 
     def offset(self, process: Hashable) -> float:
@@ -104,14 +103,9 @@ def estimate_offsets(
     inf = math.inf
     # c[i][j]: the least upper bound found for offset_j - offset_i.
     c = [[0.0 if i == j else inf for j in range(n)] for i in range(n)]
-    by_host: dict[str, list[int]] = {}
-    for p, host in hosts.items():
-        by_host.setdefault(host, []).append(index[p])
-    for members in by_host.values():
-        for i in members:
-            for j in members:
-                if i != j:
-                    c[i][j] = min(c[i][j], SAME_HOST_S)
+    same_host = {(index[p], index[q]) for p in hosts for q in hosts if p != q and hosts[p] == hosts[q]}
+    for i, j in same_host:
+        c[i][j] = SAME_HOST_S
     seen: dict[tuple[str, int], list[tuple[int, Anchor]]] = {}
     for p, found in anchors.items():
         if p not in index:
@@ -122,8 +116,6 @@ def estimate_offsets(
     chosen = _spread(seen)
     for key in chosen:
         group = seen[key]
-        if len(group) < 2:
-            continue
         for i, entered in group:
             for j, left in group:
                 if i != j:
@@ -132,20 +124,17 @@ def estimate_offsets(
         _add_ray_calls(c, index, ray)
     d = _shortest_paths(c)
     broken = {i for i in range(n) if d[i][i] < 0}
+    reference = _reference(d, n, broken)
     contradictions: tuple[Contradiction, ...] = ()
     if broken:
         # What the anchors say cannot all be true: the processes they involve keep only what
         # their hosts say (one host, one clock), never an offset no anchor set supports.
-        same = {(i, j) for members in by_host.values() for i in members for j in members if i != j}
-        contradictions = _contradictions(seen, chosen, broken, names, same)
-        reference = _reference(d, n, broken)
+        contradictions = _contradictions(seen, chosen, broken, names, same_host)
         d = _shortest_paths(
             [[host_only[i][j] if i in broken or j in broken else c[i][j] for j in range(n)] for i in range(n)]
         )
         if any(d[i][i] < 0 for i in range(n)):  # the hosts contradict the rest: hosts alone
             d = _shortest_paths(host_only)
-    else:
-        reference = _reference(d, n, broken)
     offsets: dict[Hashable, float] = {}
     bounds: dict[Hashable, float] = {}
     for p, i in index.items():
@@ -159,7 +148,6 @@ def estimate_offsets(
         reference=names[reference],
         offsets=offsets,
         bounds=bounds,
-        inconsistent=tuple(names[i] for i in sorted(broken)),
         contradictions=contradictions,
     )
 

@@ -159,7 +159,6 @@ class _Item:
 def build_ledger(folder: SpanFolder) -> Ledger:
     """Every step's record, from the span files of ``folder``."""
     procs = folder.processes
-    problems = list(folder.problems)
     clock = estimate_offsets(
         {i: p.host for i, p in enumerate(procs)},
         {i: p.anchors for i, p in enumerate(procs)},
@@ -192,7 +191,7 @@ def build_ledger(folder: SpanFolder) -> Ledger:
         processes=tuple(infos),
         reference=reference,
         steps=tuple(steps),
-        problems=tuple(problems),
+        problems=folder.problems,
         outside_steps=outside,
         clock_notes=tuple(clock_notes),
         warnings=tuple(_warnings(procs, infos)),

@@ -14,7 +14,7 @@ import attrs
 from ..rendering import safe_text
 from .ledger import Ledger, RoleIdle, StepLedger, format_seconds
 
-__all__ = ["MAX_VERDICTS", "ledger_lines", "ledger_to_dict", "step_ranges"]
+__all__ = ["MAX_VERDICTS", "ledger_lines", "ledger_to_dict"]
 
 MAX_VERDICTS = 30
 """Verdict lines printed at most (the slowest steps, in step order); ``--json`` has them all."""
@@ -22,9 +22,7 @@ MAX_VERDICTS = 30
 
 def ledger_to_dict(ledger: Ledger, folder: str) -> dict[str, Any]:
     """The ledger as plain data (an unknown bound is ``null``)."""
-    data = attrs.asdict(ledger, recurse=True)
-    data = {"folder": folder, **data}
-    return _finite(data)  # type: ignore[no-any-return]
+    return _finite({"folder": folder, **attrs.asdict(ledger, recurse=True)})  # type: ignore[no-any-return]
 
 
 def _finite(value: Any) -> Any:
@@ -83,23 +81,6 @@ def ledger_lines(ledger: Ledger, folder: str, detail: Optional[Sequence[int]] = 
         yield safe_text(f"  {problem}")
     if len(ledger.problems) > 20:
         yield f"... and {len(ledger.problems) - 20} more problems (--json lists them all)"
-
-
-def step_ranges(numbers: Sequence[int]) -> str:
-    """Sorted step numbers, runs of consecutive ones as ranges.
-
-    >>> step_ranges([0, 1, 2, 3, 7]), step_ranges([3, 5])
-    ('0-3, 7', '3, 5')
-    """
-    parts: list[str] = []
-    runs: list[list[int]] = []
-    for n in numbers:
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    parts = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
-    return ", ".join(parts)
 
 
 def _detail(step: StepLedger) -> Iterator[str]:

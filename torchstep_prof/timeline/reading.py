@@ -101,7 +101,6 @@ class ProcessSpans:
     anchors: tuple[Anchor, ...]
     ray: tuple[RayCall, ...] = ()  # files written before Ray calls were logged have none
     ended: bool  # the file's last line says the process exited normally
-    skipped_lines: int
     started: Optional[float] = None  # when its span log started (the process line), if it says
 
     def lifetime(self) -> tuple[float, float]:
@@ -185,7 +184,7 @@ def newest_run(processes: Sequence[ProcessSpans], folder: str) -> tuple[tuple[Pr
 
 def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans]:
     lines = data.split(b"\n")
-    cut_short = bool(lines) and lines[-1] != b""
+    cut_short = lines[-1] != b""
     if not cut_short:
         lines.pop()
     header: Optional[dict[str, Any]] = None
@@ -205,13 +204,7 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
             if kind == "process":
                 header = record if header is None else header
             elif kind == "batch":
-                line_spans, line_steps, line_anchors = parse_items(
-                    record["spans"],
-                    record.get("steps", ()),
-                    record.get("anchors", ()),
-                    _text(record.get("thread", "?")),
-                )
-                line_ray = parse_ray(record.get("ray", ()))
+                line_spans, line_steps, line_anchors, line_ray = parse_items(record, _text(record.get("thread", "?")))
                 spans += line_spans
                 steps += line_steps
                 anchors += line_anchors
@@ -242,7 +235,6 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
             anchors=tuple(a for a in anchors if a.end >= a.start),
             ray=tuple(r for r in ray if r.end >= r.start),
             ended=ended,
-            skipped_lines=len(bad),
             started=_time(header["start"]) if header.get("start") is not None else None,
         )
     except (ValueError, TypeError) as exc:
@@ -250,24 +242,21 @@ def _parse(path: str, data: bytes, problems: list[str]) -> Optional[ProcessSpans
         return None
 
 
-def parse_items(spans: Any, steps: Any, anchors: Any, thread: str) -> tuple[list[Span], list[StepBlock], list[Anchor]]:
+def parse_items(batch: Any, thread: str) -> tuple[list[Span], list[StepBlock], list[Anchor], list[RayCall]]:
     """A batch's items (a span file's line, a trace's ``timeline``) checked and made records,
     all or none: the first bad item raises ``ValueError``, ``TypeError`` or ``KeyError``. A
-    span is ``[role, stage, start, end]`` on ``thread``, or names its own as a fifth item."""
+    span is ``[role, stage, start, end]`` on ``thread``, or names its own as a fifth item; a
+    side of a Ray call is ``[task, "submitted" | "returned" | "ran", start, end]`` (files and
+    traces written before Ray calls were logged have none)."""
     made = []
-    for role, stage, start, end, *own in spans:
+    for role, stage, start, end, *own in batch["spans"]:
         if len(own) > 1:
             raise ValueError(f"a span of {5 + len(own) - 1} items")
         made.append(Span(_text(role), _text(stage), _time(start), _time(end), _text(own[0]) if own else thread))
-    blocks = [StepBlock(_int(n), _time(a), _time(b), thread) for n, a, b in steps]
-    passed = [Anchor(_text(n), _int(q), _time(a), _time(b)) for n, q, a, b in anchors]
-    return made, blocks, passed
-
-
-def parse_ray(items: Any) -> list[RayCall]:
-    """A batch's ``ray`` items (a span file's line, a trace's ``timeline``) checked and made
-    records, all or none: ``[task, "submitted" | "returned" | "ran", start, end]``."""
-    return [RayCall(_text(t), _what(w), _time(a), _time(b)) for t, w, a, b in items]
+    blocks = [StepBlock(_int(n), _time(a), _time(b), thread) for n, a, b in batch.get("steps", ())]
+    passed = [Anchor(_text(n), _int(q), _time(a), _time(b)) for n, q, a, b in batch.get("anchors", ())]
+    ray = [RayCall(_text(t), _what(w), _time(a), _time(b)) for t, w, a, b in batch.get("ray", ())]
+    return made, blocks, passed, ray
 
 
 def _text(value: Any) -> str:

@@ -34,7 +34,6 @@ from .reading import (
     _text,
     newest_run,
     parse_items,
-    parse_ray,
     read_span_folder,
 )
 
@@ -141,10 +140,7 @@ def _timeline_of(path: str) -> Optional[dict[str, Any]]:
 
 
 def _merge(merged: dict[tuple[str, int], dict[str, Any]], path: str, timeline: dict[str, Any]) -> None:
-    spans, steps, anchors = parse_items(
-        timeline["spans"], timeline.get("steps", ()), timeline.get("anchors", ()), "trace"
-    )
-    ray = parse_ray(timeline.get("ray", ()))  # traces written before they carried Ray calls have none
+    spans, steps, anchors, ray = parse_items(timeline, "trace")
     key = (_text(timeline["host"]), _int(timeline["pid"]))
     process = merged.setdefault(
         key,
@@ -182,5 +178,4 @@ def _process(merged: dict[str, Any]) -> ProcessSpans:
         anchors=tuple(sorted((a for a in merged["anchors"] if a.end >= a.start), key=lambda a: (a.name, a.seq))),
         ray=tuple(sorted((r for r in merged["ray"] if r.end >= r.start), key=lambda r: r.start)),
         ended=True,  # a trace is written once its window closed: no step of it is cut short
-        skipped_lines=0,
     )

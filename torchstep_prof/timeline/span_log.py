@@ -36,7 +36,10 @@ from typing import Any, Optional
 
 from .._fork import at_fork_in_child
 from .._shared_files import create_exclusively
+from ..errors import warn
 from ..region_metrics import recorder as _recorder
+from ..topology import current_topology
+from .idle import IdleTracker
 from .wall_clock import note_anchor, use_base, wall_minus_perf
 
 __all__ = [
@@ -66,8 +69,6 @@ class _SpanLog:
         self.process_role = process_role
         self.base = wall_minus_perf()
         self.started = time.time()
-        from .idle import IdleTracker
-
         self.idle = IdleTracker()
         self.labels: dict[tuple[Any, Any], str] = {}  # (role, stage) -> its JSON, '"actor", "update"'
         self.fd: Optional[int] = None
@@ -103,7 +104,7 @@ class _SpanLog:
         # several times more per span, on the GIL the training thread shares.
         base = self.base
         labels = self.labels
-        rank = _rank()
+        rank = current_topology().rank
         lines = []
         for thread, flat in _recorder.take_spans():
             if _recorder.BOUNDS:  # metrics on too: each ended step's idle time, live
@@ -137,20 +138,15 @@ class _SpanLog:
                     spans.append(f"[{pair},{times}]")
             head = json.dumps({"kind": "batch", "thread": thread.name, "rank": rank})[:-1]
             line = f'{head}, "spans": [{",".join(spans)}]'
-            if steps:
-                line += f', "steps": [{",".join(steps)}]'
-            if anchors:
-                line += f', "anchors": [{",".join(anchors)}]'
-            if ray:
-                line += f', "ray": [{",".join(ray)}]'
+            for key, items in (("steps", steps), ("anchors", anchors), ("ray", ray)):
+                if items:
+                    line += f', "{key}": [{",".join(items)}]'
             lines.append(line + "}")
         return lines
 
     def _open(self) -> bool:
         if self.fd is not None:
             return True
-        from ..topology import current_topology
-
         os.makedirs(self.folder, exist_ok=True)
         host = socket.gethostname()
         stem = f"{FILE_PREFIX}{_safe(host)}-{os.getpid()}"
@@ -182,8 +178,6 @@ class _SpanLog:
 
     def _fail(self, message: str) -> None:
         self.failed = True
-        from ..errors import warn
-
         warn(f"torchstep_prof: {message}; spans are no longer recorded")
 
     def close(self) -> None:
@@ -203,12 +197,6 @@ def _safe(host: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in host)[:64] or "host"
 
 
-def _rank() -> int:
-    from ..topology import current_topology
-
-    return current_topology().rank
-
-
 _LOG: list[_SpanLog] = []  # the process's span log, once started
 _LOG_LOCK = threading.Lock()
 _ANCHOR_SEQ: dict[str, int] = {}  # name -> anchors passed so far
@@ -220,8 +208,6 @@ def start_span_log(folder: str, process_role: Optional[str] = None) -> None:
     with _LOG_LOCK:
         if _LOG:
             if os.path.abspath(_LOG[0].folder) != os.path.abspath(folder) and not _LOG[0].failed:
-                from ..errors import warn
-
                 warn(
                     f"torchstep_prof: spans already go to {_LOG[0].folder!r}; {folder!r} is ignored (one span log a process)"
                 )

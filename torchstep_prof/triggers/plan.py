@@ -11,25 +11,23 @@ its last step. Steps this rank had passed when it read the request are reported,
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 
 from ..config.model import ScheduleConfig
 from ..errors import TorchstepProfWarning, warn
+from ..rendering import step_ranges
 from ..selection.frames import Frame, HookScope
 from ..selection.rules import rank_selected
 from ..topology import current_topology
 from .request import Request
 from .running import ENGINE
 
+if TYPE_CHECKING:
+    from .watcher import Watcher
+
 __all__ = ["Plan", "TriggeredFrame"]
-
-
-class _Owner(Protocol):
-    """Where the plan in force is published (the watcher): ``plan`` is what a step boundary reads."""
-
-    plan: Optional[Plan]
 
 
 class TriggeredFrame(Frame):
@@ -40,25 +38,11 @@ class TriggeredFrame(Frame):
     base: Frame
 
 
-def _ranges(steps: Any) -> list[tuple[int, int]]:
-    ranges: list[tuple[int, int]] = []
-    for n in sorted(steps):
-        if ranges and n == ranges[-1][1] + 1:
-            ranges[-1] = (ranges[-1][0], n)
-        else:
-            ranges.append((n, n))
-    return ranges
-
-
-def _shown(steps: Any) -> str:
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in _ranges(steps))
-
-
 class Plan:
     """One request being served: its steps, which of them this rank began, and the frame they
     profile under (made at the first step boundary after the request arrived)."""
 
-    def __init__(self, owner: _Owner, request: Request, entry: dict[str, Any]) -> None:
+    def __init__(self, owner: Watcher, request: Request, entry: dict[str, Any]) -> None:
         self.owner = owner
         self.entry = entry  # this request's line in the status file: its outcome is kept there
         self.request = request
@@ -122,7 +106,7 @@ class Plan:
         elif missed:
             self._report_missed(missed, ending)
         else:
-            self.entry["outcome"] = f"profiled {_shown(self.steps)}"
+            self.entry["outcome"] = f"profiled {step_ranges(self.steps)}"
         if frame is not None and frame.hook_scope is not None and not frame.hook_scope.finished:
             ENGINE[0].finish(frame.hook_scope, frame.config)  # as a schedule's scope exit would
 
@@ -130,7 +114,9 @@ class Plan:
         from ..summary.records import STORE
 
         profiled = sorted(self.seen & self.steps)
-        self.entry["outcome"] = (f"profiled {_shown(profiled)}, " if profiled else "") + f"missed {_shown(missed)}"
+        self.entry["outcome"] = (
+            f"profiled {step_ranges(profiled)}, " if profiled else ""
+        ) + f"missed {step_ranges(missed)}"
         read_at = self.at_step_read
         if ending and (read_at is None or min(missed) > read_at):
             where = "the job ended before them"
@@ -139,7 +125,7 @@ class Plan:
                 f"this rank was at step {read_at} when it read the request; trigger again with a "
                 "larger --align or a later --at"
             )
-        line = f"on-demand request {self.request.id}: step(s) {_shown(missed)} not profiled ({where})"
+        line = f"on-demand request {self.request.id}: step(s) {step_ranges(missed)} not profiled ({where})"
         ENGINE[0].ensure_atexit()
         # A line of its own, not the missed-steps row: that one says the steps never ran, and
         # these did, unprofiled, before this rank read the request.

@@ -12,35 +12,22 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import attrs
-
 from .status import RankStatus
 
-__all__ = ["Plan", "choose_steps"]
+__all__ = ["choose_steps"]
 
 
-@attrs.frozen(kw_only=True)
-class Plan:
-    """The chosen steps, and the numbers the rule used (written into the request)."""
-
-    steps: tuple[int, ...]
-    highest_step: int  # the highest step any rank may have reached by the time it reads the request
-    fastest_rate: float
-
-    def rule(self) -> dict[str, Any]:
-        return {"highest_reachable_step": self.highest_step, "fastest_steps_per_s": round(self.fastest_rate, 3)}
-
-
-def choose_steps(statuses: Sequence[RankStatus], now: float, next_steps: int, align: int) -> Plan:
-    """The ``next_steps`` steps every rank can still profile, from their status files.
+def choose_steps(
+    statuses: Sequence[RankStatus], now: float, next_steps: int, align: int
+) -> tuple[tuple[int, ...], dict[str, Any]]:
+    """The ``next_steps`` (>= 1) steps every rank can still profile, from their status files,
+    and the numbers the rule used (written into the request).
 
     >>> s = [RankStatus(path="a", rank=0, step=15, time=100.0, rate=20.0, poll_s=0.1),
     ...      RankStatus(path="b", rank=1, step=14, time=100.0, rate=20.0, poll_s=0.1)]
-    >>> choose_steps(s, now=100.0, next_steps=2, align=10).steps
-    (20, 21)
+    >>> choose_steps(s, now=100.0, next_steps=2, align=10)
+    ((20, 21), {'highest_reachable_step': 19, 'fastest_steps_per_s': 20.0})
     """
-    if next_steps < 1 or align < 1:
-        raise ValueError("next_steps and align must be >= 1")
     known = [s.rate for s in statuses if s.rate is not None and s.rate > 0]
     fastest = max(known, default=0.0)
     highest = 0
@@ -50,4 +37,5 @@ def choose_steps(statuses: Sequence[RankStatus], now: float, next_steps: int, al
         window = max(0.0, now - status.time) + 2 * status.poll_s
         highest = max(highest, step + math.ceil(rate * window))
     first = (highest // align + 1) * align  # strictly past the highest reachable step
-    return Plan(steps=tuple(range(first, first + next_steps)), highest_step=highest, fastest_rate=fastest)
+    rule = {"highest_reachable_step": highest, "fastest_steps_per_s": round(fastest, 3)}
+    return tuple(range(first, first + next_steps)), rule

@@ -26,6 +26,7 @@ import attrs
 from .._shared_files import read_capped, replace_exclusively
 from ..config.model import CONTENT_NAMES
 from ..errors import ConfigError, Problem
+from ..rendering import safe_text
 
 __all__ = [
     "MAX_ID_LENGTH",
@@ -39,7 +40,6 @@ __all__ = [
     "new_id",
     "parse_request",
     "read_request",
-    "write_json_atomically",
     "write_request",
 ]
 
@@ -102,8 +102,7 @@ def new_id() -> str:
 
 def _shown(value: Any, limit: int = 60) -> str:
     """``repr(value)``, cut short: a problem line never carries a 30 MB value."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+    return safe_text(repr(value), limit)
 
 
 def _key(key: str) -> str:
@@ -111,10 +110,10 @@ def _key(key: str) -> str:
     return key if len(key) <= 40 and key.isprintable() else _shown(key, 40)
 
 
-def _int_list(key: str, value: Any, *, non_empty: bool, most: int) -> list[Problem]:
+def _int_list(key: str, value: Any, most: int) -> list[Problem]:
     if not isinstance(value, list):
         return [Problem(key, f"must be a list of integers >= 0 (got {_shown(value)})")]
-    if non_empty and not value:
+    if not value:
         return [Problem(key, "must list at least one step (got [])")]
     if len(value) > most:
         return [Problem(key, f"must list at most {most} (got {len(value)})")]
@@ -135,7 +134,7 @@ def _id_problems(request_id: Any) -> list[Problem]:
 
 
 def _steps_problems(steps: Any) -> list[Problem]:
-    problems = _int_list("steps", steps, non_empty=True, most=MAX_STEPS)
+    problems = _int_list("steps", steps, MAX_STEPS)
     if not problems and max(steps) - min(steps) > MAX_STEP_SPAN:
         problems.append(
             Problem("steps", f"must lie within {MAX_STEP_SPAN} steps of each other (got {min(steps)} to {max(steps)})")
@@ -164,7 +163,7 @@ def parse_request(data: Any) -> Request:
     else:
         problems += _steps_problems(data["steps"])
     if data.get("ranks") is not None:
-        problems += _int_list("ranks", data["ranks"], non_empty=True, most=MAX_RANKS)
+        problems += _int_list("ranks", data["ranks"], MAX_RANKS)
     for key in ("all_ranks", "discrete"):
         if data.get(key) is not None and not isinstance(data[key], bool):
             problems.append(Problem(key, f"must be true, false or null (got {_shown(data[key])})"))
@@ -211,16 +210,11 @@ def read_request(path: str) -> Request:
     return parse_request(data)
 
 
-def write_json_atomically(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a new file and a rename: a reader sees the old
-    file or the new one, never half of one, and a link planted at ``path`` is replaced, never
-    written through."""
-    replace_exclusively(os.path.abspath(path), (json.dumps(data, indent=1) + "\n").encode("utf-8"))
-
-
 def write_request(folder: str, request: Request) -> str:
-    """Write ``request`` as ``folder/request.json`` (write + rename); returns the path."""
+    """Write ``request`` as ``folder/request.json`` through a new file and a rename: a reader sees
+    the old request or the new one, never half of one, and a link planted there is replaced,
+    never written through; returns the path."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, REQUEST_FILE)
-    write_json_atomically(path, request.to_json())
+    replace_exclusively(path, (json.dumps(request.to_json(), indent=1) + "\n").encode("utf-8"))
     return path

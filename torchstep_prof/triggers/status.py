@@ -64,8 +64,6 @@ class RankStatus:
     path: str
     rank: int
     role: Optional[str] = None
-    pid: Optional[int] = None
-    host: Optional[str] = None
     step: Optional[int] = None
     time: float = 0.0
     rate: Optional[float] = None
@@ -90,8 +88,6 @@ class RankStatus:
             path=path,
             rank=data["rank"],
             role=data.get("role") if isinstance(data.get("role"), str) else None,
-            pid=data.get("pid") if isinstance(data.get("pid"), int) else None,
-            host=data.get("host") if isinstance(data.get("host"), str) else None,
             step=int(step) if isinstance(step, int) else None,
             time=float(data["time"]) if in_range(data.get("time"), 1e12) is not None else 0.0,
             rate=float(rate) if rate is not None else None,

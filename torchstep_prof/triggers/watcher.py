@@ -102,9 +102,7 @@ class Watcher:
         """Start the poll thread. The training thread only makes the folder: every file in it
         is read and written on the poll thread (a FIFO or a huge file planted there must never
         hold up training)."""
-        os.makedirs(self.folder, exist_ok=True)
-        if not os.path.isdir(self.folder):
-            raise NotADirectoryError(f"{self.folder} is not a folder")
+        os.makedirs(self.folder, exist_ok=True)  # FileExistsError for a file there: not a folder
         self._thread.start()
 
     def stop(self) -> None:
@@ -125,11 +123,13 @@ class Watcher:
             self._write_status()
         except Exception as exc:
             self._warn_failure(exc)
+        from ..slow_steps.watch import TICK_S
+
         poll_s = self.config.poll_s
         next_poll = time.monotonic() + poll_s
         # With auto_trace the thread wakes every TICK_S to read the step times (slow_steps/watch.py);
         # the folder is still polled every poll_s.
-        while not self._stop.wait(min(poll_s, _tick()) if self.auto is not None else poll_s):
+        while not self._stop.wait(min(poll_s, TICK_S) if self.auto is not None else poll_s):
             auto = self.auto
             if auto is not None:
                 try:
@@ -391,9 +391,3 @@ def _warn_auto_needs(no_folder: bool, no_metrics: bool) -> None:
         f"({'; '.join(examples[m] for m in missing)})",
         TorchstepProfWarning,
     )
-
-
-def _tick() -> float:
-    from ..slow_steps.watch import TICK_S
-
-    return TICK_S
