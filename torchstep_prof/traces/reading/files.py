@@ -12,14 +12,14 @@ of raising.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Optional, Tuple
+from typing import Any, Iterable, Optional, Tuple
 
 import attrs
 
 from .events import MAX_TIME_US, OpTime, absurd_times, iter_events, region_ranges, region_time, top_ops
 from .collective_calls import CollectiveCall, read_collectives
 from .gpu_time import gpu_busy_ms
-from .fused import FusedRegions, RegionSpan, RegionTopOps, read_fused_regions
+from .fused import RegionSpan, RegionTopOps, read_fused_regions
 from .loading import TraceReadError, describe_error as _describe, load_trace
 from .memory_events import MemoryUse, read_memory
 from ...naming import FUSED_STAGE, METADATA_KEY, TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
@@ -169,18 +169,18 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
             f"beyond {MAX_TIME_US:.0e} µs or not finite; first {example})"
         )
     wall_ms, start_us = region_time(events, fields["step"])
-    fused = FusedRegions()
     start_ns = None if base_ns is None or start_us is None else base_ns + round(start_us * 1000)
     if start_ns is not None and not 0 <= start_ns <= MAX_EPOCH_NS:
         raise TraceReadError(
             f"{path}: absurd start time (baseTimeNanoseconds plus the step's ts is {start_ns / 1e9:.3g} s since 1970)"
         )
-    dist = trace.get("distributedInfo")
     roles: Tuple[str, ...] = (fields["role"],)
     if fields["fused"]:
         ranges = region_ranges(events)
         roles = tuple(dict.fromkeys(role for r in ranges if (role := _label(r.name.split("/", 1)[0])))) or roles
-        fused = read_fused_regions(trace, ranges, start_us, wall_ms, top, _label)
+        spans, region_ops, ops = read_fused_regions(trace, ranges, start_us, wall_ms, top, _label)
+    else:
+        spans, region_ops, ops = (), (), top_ops(trace, top)
     return TraceInfo(
         path=path,
         **fields,
@@ -189,10 +189,9 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
         base_time_ns=base_ns,
         size_bytes=_size(path),
         start_ns=start_ns,
-        has_distributed_info=isinstance(dist, dict) and _int(dist.get("rank")) is not None,
-        top_ops=fused.top_ops if fields["fused"] else top_ops(trace, top) if top > 0 else (),
-        regions=fused.spans,
-        region_ops=fused.region_ops,
+        top_ops=ops,
+        regions=spans,
+        region_ops=region_ops,
         collectives=read_collectives(events),
         memory=read_memory(events),
         gpu_ms=None if start_us is None else gpu_busy_ms(events, start_us, start_us + wall_ms * 1000.0),
@@ -258,6 +257,7 @@ def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
         fields["rank"] = 0
     if fields["world_size"] is None:
         fields["world_size"] = 1
+    fields["has_distributed_info"] = _int(dist.get("rank")) is not None
     occurrence = _int(meta.get("occurrence"))
     fields["occurrence"] = occurrence if occurrence is not None and occurrence >= 1 else 1
     discrete = meta.get("discrete")
@@ -314,34 +314,21 @@ def scan_traces(
     filters: TraceFilter | None = None,
     *,
     top: int = 0,
-    recursive: bool = False,
-    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[TraceInfo], list[Unreadable]]:
     """Describe every trace in a folder (or a list of files) that passes ``filters``.
 
     Returns ``(infos, unreadable)``: the traces sorted by role, stage, step, rank and path, and
     the files that are not usable traces (corrupt, not JSON, not a torchstep_prof trace) with
     the reason. Files whose names parse and fail the filters are not even opened. One file is in
-    memory at a time. ``progress(done, total)`` is called after each file.
+    memory at a time.
     """
-    filters = filters or TraceFilter()
+    from .parallel import scan_paths  # it reads with this module's functions
+
     if isinstance(directory, (str, os.PathLike)):
-        paths = find_trace_files(directory, recursive=recursive)
+        paths = find_trace_files(directory)
     else:
         paths = [os.fspath(p) for p in directory]
-    infos: list[TraceInfo] = []
-    unreadable: list[Unreadable] = []
-    for done, path in enumerate(paths, 1):
-        if wanted_by_name(path, filters):
-            found = read_or_skip(path, top)
-            if isinstance(found, Unreadable):
-                unreadable.append(found)
-            elif filters.matches(found):
-                infos.append(found)
-        if progress is not None:
-            progress(done, len(paths))
-    infos.sort(key=trace_sort_key)
-    return infos, unreadable
+    return scan_paths(paths, filters, top=top)
 
 
 def read_or_skip(path: str, top: int = 0) -> TraceInfo | Unreadable:

@@ -15,7 +15,7 @@ import attrs
 
 from .events import OpTime, RegionRange, outer_ranges, ranked_ops, top_ops_by_region
 
-__all__ = ["MAX_SPANS", "FusedRegions", "RegionSpan", "RegionTopOps", "read_fused_regions"]
+__all__ = ["MAX_SPANS", "RegionSpan", "RegionTopOps", "read_fused_regions"]
 
 MAX_SPANS = 200
 """Region bars kept per fused trace: a region entered thousands of times in a step (a loop of
@@ -43,15 +43,6 @@ class RegionTopOps:
     ops: Tuple[OpTime, ...]
 
 
-@attrs.frozen(kw_only=True)
-class FusedRegions:
-    """What :func:`read_fused_regions` found: the spans, each region's and the trace's top ops."""
-
-    spans: Tuple[RegionSpan, ...] = ()
-    region_ops: Tuple[RegionTopOps, ...] = ()
-    top_ops: Tuple[OpTime, ...] = ()
-
-
 def read_fused_regions(
     trace: dict[str, Any],
     ranges: Sequence[RegionRange],
@@ -59,9 +50,9 @@ def read_fused_regions(
     wall_ms: float,
     top: int,
     label: Callable[[Any], Optional[str]],
-) -> FusedRegions:
-    """The spans of ``ranges`` inside the owning block (``start_us``, ``wall_ms``) and, when
-    ``top`` > 0, the ``top`` operators of the trace and of each region. ``label`` sanitizes a
+) -> tuple[Tuple[RegionSpan, ...], Tuple[RegionTopOps, ...], Tuple[OpTime, ...]]:
+    """The spans of ``ranges`` inside the owning block (``start_us``, ``wall_ms``), and the
+    ``top`` operators of each region and of the trace. ``label`` sanitizes a
     raw role or stage as file names write it (None: not a label, the range is skipped)."""
     spans: list[RegionSpan] = []
     if start_us is not None:
@@ -84,8 +75,6 @@ def read_fused_regions(
                     wall_ms=r.dur / 1000.0,
                 )
             )
-    if top <= 0:
-        return FusedRegions(spans=tuple(spans))
     overall, by_name = top_ops_by_region(trace, top)
     merged: dict[tuple[str, str], dict[str, float]] = {}
     for name, ops in by_name.items():
@@ -100,7 +89,7 @@ def read_fused_regions(
         RegionTopOps(role=role, stage=stage, ops=ranked_ops(totals, top, divisor=1.0))
         for (role, stage), totals in sorted(merged.items())
     )
-    return FusedRegions(spans=tuple(spans), region_ops=region_ops, top_ops=overall)
+    return tuple(spans), region_ops, overall
 
 
 def _split(name: str, label: Callable[[Any], Optional[str]]) -> Optional[tuple[str, str]]:
