@@ -105,7 +105,6 @@ def test_trace_info_comes_from_the_metadata(folder: dict) -> None:
     assert info.base_time_ns == trace["baseTimeNanoseconds"]
     assert info.size_bytes == written.path.stat().st_size
     assert info.start_ns == pytest.approx(written.started_ns, abs=5e6)  # the trace's own clock
-    assert info.has_distributed_info
     assert info.top_ops == ()  # only computed when asked for
 
 

@@ -28,7 +28,7 @@ from .files import TraceInfo, Unreadable
 __all__ = ["CACHE_ENV", "SummaryCache", "cache_dir", "file_key"]
 
 CACHE_ENV = "TORCHSTEP_PROF_CACHE_DIR"
-_FORMAT = 2
+_FORMAT = 3
 
 
 _NOT_CONTENTS = ("cannot read", "not a regular file", "a symbolic link")

@@ -19,7 +19,7 @@ import attrs
 from .events import MAX_TIME_US, OpTime, absurd_times, iter_events, region_ranges, region_time, top_ops
 from .collective_calls import CollectiveCall, read_collectives
 from .gpu_time import gpu_busy_ms
-from .fused import RegionSpan, RegionTopOps, read_fused_regions
+from .fused import RegionSpan, RegionTopOps, read_fused_regions, region_labels
 from .loading import TraceReadError, describe_error as _describe, load_trace
 from .memory_events import MemoryUse, read_memory
 from ...naming import FUSED_STAGE, METADATA_KEY, TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
@@ -78,7 +78,6 @@ class TraceInfo:
     fused: bool = False
     roles: Tuple[str, ...] = ()
     start_ns: Optional[int] = None
-    has_distributed_info: bool = True
     top_ops: Tuple[OpTime, ...] = ()
     regions: Tuple[RegionSpan, ...] = ()
     region_ops: Tuple[RegionTopOps, ...] = ()
@@ -95,13 +94,9 @@ class Unreadable:
     reason: str
 
 
-# Named functions, not a factory's closures: attrs' mypy plugin types only named converters.
-def _role_labels(values: Iterable[str]) -> Tuple[str, ...]:
-    return tuple(sanitize_label(value, "role") for value in values)
-
-
-def _stage_labels(values: Iterable[str]) -> Tuple[str, ...]:
-    return tuple(sanitize_label(value, "stage") for value in values)
+# A named function, not a lambda: attrs' mypy plugin types only named converters.
+def _labels(values: Iterable[str]) -> Tuple[str, ...]:
+    return tuple(map(sanitize_label, values))
 
 
 @attrs.frozen(kw_only=True)
@@ -109,11 +104,11 @@ class TraceFilter:
     """Which traces to keep; an empty field keeps everything.
 
     Roles and stages are kept as sanitized labels, so ``compute_log_prob`` selects the
-    ``compute-log-prob`` files (a label with nothing left after sanitizing is a ``ValueError``).
+    ``compute-log-prob`` files.
     """
 
-    roles: Tuple[str, ...] = attrs.field(default=(), converter=_role_labels)
-    stages: Tuple[str, ...] = attrs.field(default=(), converter=_stage_labels)
+    roles: Tuple[str, ...] = attrs.field(default=(), converter=_labels)
+    stages: Tuple[str, ...] = attrs.field(default=(), converter=_labels)
     steps: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
     ranks: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
     pids: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
@@ -177,8 +172,8 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
     roles: Tuple[str, ...] = (fields["role"],)
     if fields["fused"]:
         ranges = region_ranges(events)
-        roles = tuple(dict.fromkeys(role for r in ranges if (role := _label(r.name.split("/", 1)[0])))) or roles
-        spans, region_ops, ops = read_fused_regions(trace, ranges, start_us, wall_ms, top, _label)
+        roles = tuple(dict.fromkeys(region_labels(r.name)[0] for r in ranges)) or roles
+        spans, region_ops, ops = read_fused_regions(trace, ranges, start_us, wall_ms, top)
     else:
         spans, region_ops, ops = (), (), top_ops(trace, top)
     return TraceInfo(
@@ -231,20 +226,21 @@ def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
     dist = trace.get("distributedInfo")
     dist = dist if isinstance(dist, dict) else {}
 
-    def pick(key: str, name_value: Any, in_dist: bool = False) -> Any:
+    def pick(key: str, name_value: Any, dist_default: Optional[int] = None) -> Any:
         value = _label(meta.get(key)) if key in ("role", "stage") else _int(meta.get(key))
         if value is None:
             value = name_value
-        if value is None and in_dist:
+        if value is None and dist_default is not None:  # then distributedInfo, then the default
             value = _int(dist.get(key))
+            value = dist_default if value is None else value
         return value
 
     fields = {
         "role": pick("role", name and name.role),
         "stage": pick("stage", name and name.stage),
         "step": pick("step", name and name.step),
-        "rank": pick("rank", name and name.rank, in_dist=True),
-        "world_size": pick("world_size", name and name.world_size, in_dist=True),
+        "rank": pick("rank", name and name.rank, dist_default=0),
+        "world_size": pick("world_size", name and name.world_size, dist_default=1),
         "pid": pick("pid", name and name.pid),
     }
     missing = [key for key in ("role", "stage", "step") if fields[key] is None]
@@ -253,11 +249,6 @@ def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
             f"{path}: a Chrome trace, but not a torchstep_prof one (no {METADATA_KEY!r} "
             f"metadata and not a trace file name: {', '.join(missing)} unknown)"
         )
-    if fields["rank"] is None:
-        fields["rank"] = 0
-    if fields["world_size"] is None:
-        fields["world_size"] = 1
-    fields["has_distributed_info"] = _int(dist.get("rank")) is not None
     occurrence = _int(meta.get("occurrence"))
     fields["occurrence"] = occurrence if occurrence is not None and occurrence >= 1 else 1
     discrete = meta.get("discrete")
@@ -268,10 +259,7 @@ def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
 
 def _label(value: Any) -> str | None:
     """A label as file names write it (metadata written by hand may hold the raw one)."""
-    try:
-        return sanitize_label(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
+    return sanitize_label(value) if isinstance(value, str) else None
 
 
 def _int(value: Any) -> int | None:
