@@ -69,7 +69,7 @@ class Finding:
         return self.wall_ms / self.median_ms if self.median_ms > 0 else float("inf")
 
 
-def find_findings(summary: Summary, *, ops: int = FINDING_OPS) -> Tuple[Finding, ...]:
+def find_findings(summary: Summary) -> Tuple[Finding, ...]:
     """One :class:`Finding` per group of ``summary`` that has a straggler, most slowed first.
 
     The operator comparison is as deep as the ranks' ``top_ops``: summarize with a generous
@@ -81,7 +81,7 @@ def find_findings(summary: Summary, *, ops: int = FINDING_OPS) -> Tuple[Finding,
     >>> for finding in find_findings(summarize(*scanned)):  # doctest: +SKIP
     ...     print(describe_finding(finding))
     """
-    found = [_finding(group, ops) for group in summary.groups]
+    found = [_finding(group) for group in summary.groups]
     return tuple(
         sorted(
             (f for f in found if f is not None),
@@ -90,7 +90,7 @@ def find_findings(summary: Summary, *, ops: int = FINDING_OPS) -> Tuple[Finding,
     )
 
 
-def _finding(group: GroupSummary, ops: int) -> Optional[Finding]:
+def _finding(group: GroupSummary) -> Optional[Finding]:
     # A rank with several rows (several runs in one folder) is represented by its slowest row, as
     # the straggler test does.
     rows: dict[int, RankTime] = {}
@@ -112,11 +112,12 @@ def _finding(group: GroupSummary, ops: int) -> Optional[Finding]:
         median_rank=median.rank,
         wall_ms=straggler.wall_ms,
         median_ms=group.median_ms,
-        ops=op_deltas(_self_ms(straggler), _self_ms(median))[:ops],
+        ops=op_deltas(op_self_ms(straggler), op_self_ms(median))[:FINDING_OPS],
     )
 
 
-def _self_ms(row: RankTime) -> dict[str, float]:
+def op_self_ms(row: RankTime) -> dict[str, float]:
+    """Each operator of ``row``'s ``top_ops``: its self time in ms."""
     return {op.name: op.self_ms for op in row.top_ops}
 
 
