@@ -13,7 +13,8 @@ from typing import Any, Iterable, Mapping, Optional, Tuple
 
 import attrs
 
-from .summarize import GroupSummary, RankTime, Summary
+from .summarize import GroupSummary, Summary
+from ..reading.files import TraceInfo
 
 __all__ = [
     "FINDINGS_DEPTH",
@@ -93,7 +94,7 @@ def find_findings(summary: Summary) -> Tuple[Finding, ...]:
 def _finding(group: GroupSummary) -> Optional[Finding]:
     # A rank with several rows (several runs in one folder) is represented by its slowest row, as
     # the straggler test does.
-    rows: dict[int, RankTime] = {}
+    rows: dict[int, TraceInfo] = {}
     for row in group.ranks:
         if row.rank not in rows or row.wall_ms > rows[row.rank].wall_ms:
             rows[row.rank] = row
@@ -116,7 +117,7 @@ def _finding(group: GroupSummary) -> Optional[Finding]:
     )
 
 
-def op_self_ms(row: RankTime) -> dict[str, float]:
+def op_self_ms(row: TraceInfo) -> dict[str, float]:
     """Each operator of ``row``'s ``top_ops``: its self time in ms."""
     return {op.name: op.self_ms for op in row.top_ops}
 

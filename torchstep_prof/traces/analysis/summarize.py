@@ -16,10 +16,8 @@ import attrs
 
 from ...rendering import format_ms, safe_text, wrap_label
 from .runs import OtherRun
-from ..reading.collective_calls import CollectiveCall
 from ..reading.events import ranked_ops
 from ..reading.files import OpTime, TraceInfo, Unreadable
-from ..reading.memory_events import MemoryUse
 
 if TYPE_CHECKING:  # rich is imported where it renders: grouping traces does not need it
     from rich.console import Console
@@ -29,7 +27,6 @@ __all__ = [
     "DEFAULT_STRAGGLER_RATIO",
     "STRAGGLER_MIN_MS",
     "GroupSummary",
-    "RankTime",
     "Summary",
     "find_straggler",
     "group_fields",
@@ -46,24 +43,10 @@ few milliseconds, a ratio alone flags noise."""
 
 
 @attrs.frozen(kw_only=True)
-class RankTime:
-    """One rank's trace within a group (``role``: the trace's own role, which differs between
-    the ranks of a fused group when they ran different roles)."""
-
-    rank: int
-    wall_ms: float
-    file: str
-    pid: Optional[int] = None
-    role: str = ""
-    top_ops: Tuple[OpTime, ...] = ()
-    collectives: Tuple[CollectiveCall, ...] = ()
-    memory: Tuple[MemoryUse, ...] = ()
-    gpu_ms: Optional[float] = None  # kernel time inside the region (traces/gpu_time.py)
-
-
-@attrs.frozen(kw_only=True)
 class GroupSummary:
-    """The traces of one region (role, stage) at one step and occurrence, one per rank.
+    """The traces of one region (role, stage) at one step and occurrence, one per rank
+    (``ranks``: each with its operators cut to ``top``; a trace's ``role`` is its own, which
+    differs between the ranks of a fused group when they ran different roles).
 
     A fused group (``fused``) holds the whole-step traces of its step from every rank, whatever
     roles each rank ran; its ``role`` is the roles of its ranks' traces, distinct, joined by
@@ -74,7 +57,7 @@ class GroupSummary:
     role: str
     stage: str
     step: int
-    ranks: Tuple[RankTime, ...]
+    ranks: Tuple[TraceInfo, ...]
     median_ms: float
     min_ms: float
     max_ms: float
@@ -171,20 +154,7 @@ def summarize(
                 step=step,
                 occurrence=occurrence,
                 fused=infos[0].fused,
-                ranks=tuple(
-                    RankTime(
-                        rank=i.rank,
-                        wall_ms=i.wall_ms,
-                        file=i.path,
-                        pid=i.pid,
-                        role=i.role,
-                        top_ops=i.top_ops[:top],
-                        collectives=i.collectives,
-                        memory=i.memory,
-                        gpu_ms=i.gpu_ms,
-                    )
-                    for i in infos
-                ),
+                ranks=tuple(attrs.evolve(i, top_ops=i.top_ops[:top]) for i in infos),
                 median_ms=statistics.median(values),
                 min_ms=min(values),
                 max_ms=max(values),
@@ -255,7 +225,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
                         "role": r.role,
                         "wall_ms": _ms(r.wall_ms),
                         "gpu_ms": None if r.gpu_ms is None else _ms(r.gpu_ms),
-                        "file": r.file,
+                        "file": r.path,
                         "top_ops": _ops(r.top_ops),
                     }
                     for r in g.ranks
