@@ -276,7 +276,9 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
     from ...rendering import print_stripped
 
     if summary.groups:
-        table, ops_below = _table(summary, title, console.width)
+        # A gpu ms column only when some trace holds kernels.
+        gpu = any(rank.gpu_ms is not None for group in summary.groups for rank in group.ranks)
+        table, ops_below = _table(summary, title, console.width, gpu)
         print_stripped(console, table)
         for group in summary.groups if ops_below else ():
             if group.top_ops:
@@ -288,7 +290,7 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
             f"straggler: over {summary.straggler_ratio:g}x its group's median and at least "
             f"{STRAGGLER_MIN_MS:g} ms over it. top ops: self time, averaged over the group's ranks."
         )
-        if _gpu_cells(summary):
+        if gpu:
             caption += " gpu ms: time CUDA kernels ran inside the region."
         print_stripped(console, Text(caption))
     if summary.unreadable:
@@ -303,14 +305,13 @@ _MIN_OPS_WIDTH = 16  # narrower than this, the operators go under the table
 _MIN_REGION_WIDTH = 12  # a folded region name keeps this many characters a line at least
 
 
-def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool]:
+def _table(summary: Summary, title: str | None, width: int, gpu: bool) -> tuple[Table, bool]:
     """The table, and whether the operators must be listed under it (no room for a column)."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     show_occ = any(g.occurrence > 1 for g in summary.groups)
-    gpu = _gpu_cells(summary)
     rows = _rows(summary)
     cells = [
         ("region", [r[0] for r in rows]),
@@ -318,7 +319,7 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
         *([("occ", [r[2] for r in rows])] if show_occ else []),
         ("rank", [r[3] for r in rows]),
         ("wall ms", [r[4] for r in rows]),
-        *([("gpu ms", gpu)] if gpu else []),
+        *([("gpu ms", [r[8] for r in rows])] if gpu else []),
         ("x median", [r[5] for r in rows]),  # a Text: the straggler's flag is styled
     ]
     widths = [max(len(h), *(len(line) for c in col for line in str(c).split("\n"))) for h, col in cells]
@@ -353,17 +354,9 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
     return table, not ops_column and any(g.top_ops for g in summary.groups)
 
 
-def _gpu_cells(summary: Summary) -> list[str]:
-    """The ``gpu ms`` column's cells, one per rank row as :func:`_rows` orders them (blank for a
-    trace without kernels); no column at all when no trace holds kernels."""
-    values = [rank.gpu_ms for group in summary.groups for rank in group.ranks]
-    if all(value is None for value in values):
-        return []
-    return ["" if value is None else format_ms(value) for value in values]
-
-
 def _rows(summary: Summary) -> list[tuple]:
-    """(region, step, occ, rank, wall, ratio, ops, end_section) per rank of every group."""
+    """(region, step, occ, rank, wall, ratio, ops, end_section, gpu) per rank of every group
+    (gpu blank for a trace without kernels)."""
     from rich.text import Text
 
     rows = []
@@ -395,6 +388,7 @@ def _rows(summary: Summary) -> list[tuple]:
                     ratio,
                     "\n".join(ops),
                     row == len(group.ranks) - 1 and number < len(summary.groups) - 1,
+                    "" if rank.gpu_ms is None else format_ms(rank.gpu_ms),
                 )
             )
     return rows

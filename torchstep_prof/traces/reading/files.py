@@ -276,11 +276,9 @@ def _size(path: str) -> int:
 def find_trace_files(directory: str | os.PathLike[str], *, recursive: bool = False) -> list[str]:
     """The ``.json`` / ``.json.gz`` files in ``directory`` (its subfolders too when
     ``recursive``), sorted by path. Raises ``OSError`` when the folder cannot be listed."""
-    directory = os.fspath(directory)
     found: list[str] = []
     if recursive:
-        for root, dirs, files in os.walk(directory):
-            dirs.sort()
+        for root, _, files in os.walk(directory):
             found.extend(os.path.join(root, f) for f in files if f.endswith(TRACE_SUFFIXES))
     else:
         with os.scandir(directory) as entries:
