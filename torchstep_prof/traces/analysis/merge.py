@@ -52,7 +52,6 @@ class MergeResult:
     """What :func:`merge_traces` wrote."""
 
     path: str
-    base_time_ns: int
     tracks: tuple[MergedTrack, ...]
     events: int
     skipped: tuple[tuple[str, str], ...] = ()  # (path, reason) of inputs left out
@@ -153,7 +152,6 @@ def merge_traces(
         out.write(b"}")
     return MergeResult(
         path=out_path,
-        base_time_ns=base_ns,
         tracks=tuple(t for t, _, _ in merged),
         events=written,
         skipped=tuple(skipped),

@@ -319,13 +319,12 @@ def scan_traces(
 
 def read_or_skip(path: str, top: int = 0) -> TraceInfo | Unreadable:
     """:func:`read_trace_info` of ``path``, or the :class:`Unreadable` saying why it is skipped:
-    never raises, whatever the parser raised (a scan never ends on one file)."""
+    never raises, whatever the parser raised (a scan never ends on one file; :func:`load_trace`
+    and :func:`read_trace_info` turn any failure into a :class:`TraceReadError`)."""
     try:
         return read_trace_info(path, top=top)
     except TraceReadError as exc:
         return Unreadable(path=path, reason=_reason(exc, path))
-    except Exception as exc:
-        return Unreadable(path=path, reason=_describe(exc))
 
 
 def wanted_by_name(path: str, filters: TraceFilter) -> bool:
