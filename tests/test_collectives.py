@@ -8,15 +8,22 @@ from torchstep_prof.traces.reading.collective_calls import CollectiveCall, read_
 from torchstep_prof.traces.analysis.collectives import describe_waits, find_waits
 from torchstep_prof.traces.reading.events import OpTime
 from torchstep_prof.traces.reading.memory_events import read_memory
-from torchstep_prof.traces.analysis.summarize import GroupSummary, RankTime, Summary
+from torchstep_prof.traces.analysis.summarize import GroupSummary, Summary
+from torchstep_prof.traces.reading.files import TraceInfo
 
 
 def _group(calls: dict[int, list[tuple[str, str, float]]], ops: dict[int, dict[str, float]] | None = None) -> Summary:
     ranks = tuple(
-        RankTime(
+        TraceInfo(
+            path=f"r{rank}.json",
+            role="trainer",
+            stage="forward",
+            step=1,
             rank=rank,
+            world_size=len(calls),
             wall_ms=100.0,
-            file=f"r{rank}.json",
+            base_time_ns=None,
+            size_bytes=0,
             collectives=tuple(CollectiveCall(kind=k, name=n, dur_ms=d) for k, n, d in rows),
             top_ops=tuple(OpTime(name=n, self_ms=ms) for n, ms in (ops or {}).get(rank, {}).items()),
         )

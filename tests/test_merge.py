@@ -209,15 +209,6 @@ def test_merge_refuses_nothing_and_bad_inputs(run: dict, tmp_path: Path) -> None
     assert not (tmp_path / "x.json").exists()
 
 
-def test_a_failed_merge_leaves_no_file(run: dict, tmp_path: Path) -> None:
-    info = read_trace_info(run["written"][0].path)
-    moved = attrs.evolve(info, path=str(tmp_path / "gone.json"))  # deleted since the scan
-    out = tmp_path / "out.json"
-    with pytest.raises(TraceReadError):
-        merge_traces([info, moved], out)
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
-
-
 def test_track_label() -> None:
     info = TraceInfo(
         path="p",
@@ -242,15 +233,15 @@ def test_track_label_marks_occurrences_from_the_second() -> None:
     assert track_label(attrs.evolve(info, occurrence=1)) == "trainer/forward rank 0 step 15"
 
 
-def test_skip_bad_leaves_out_an_input_and_names_it(run: dict, tmp_path: Path) -> None:
+def test_a_bad_input_is_left_out_and_named(run: dict, tmp_path: Path) -> None:
     good = read_trace_info(run["written"][0].path)
     gone = attrs.evolve(good, path=str(tmp_path / "gone.json"), rank=1)  # deleted since the scan
-    result = merge_traces([good, gone], tmp_path / "out.json", skip_bad=True)
+    result = merge_traces([good, gone], tmp_path / "out.json")
     assert [t.path for t in result.tracks] == [good.path]
     assert [path for path, _ in result.skipped] == [gone.path]
     merged = json.loads((tmp_path / "out.json").read_text())
     assert [i["file"] for i in merged["torchstep_prof_merge"]["inputs"]] == [good.path]
     assert set(_tracks(merged).values()) == {"actor/update rank 0 step 1"}
     with pytest.raises(ValueError, match="every input was skipped"):
-        merge_traces([gone], tmp_path / "none.json", skip_bad=True)
+        merge_traces([gone], tmp_path / "none.json")
     assert not (tmp_path / "none.json").exists()

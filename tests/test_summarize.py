@@ -205,14 +205,14 @@ def test_choose_runs_keeps_the_newest_pid_per_rank_and_role() -> None:
     old = [_trace(r, 10.0, pid=100) for r in (0, 1)]
     new = [_trace(r, 50.0, pid=200) for r in (0, 1)]
     other_role = [_trace(0, 5.0, pid=300, role="rollout")]  # a Ray worker sharing rank 0
-    choice = choose_runs(old + new + other_role)
-    assert sorted((t.rank, t.role, t.pid) for t in choice.traces) == [
+    kept, other_runs = choose_runs(old + new + other_role)
+    assert sorted((t.rank, t.role, t.pid) for t in kept) == [
         (0, "actor", 200), (0, "rollout", 300), (1, "actor", 200)
     ]
-    assert [(o.rank, o.pid, o.other_pids, o.left_out) for o in choice.other_runs] == [
+    assert [(o.rank, o.pid, o.other_pids, o.left_out) for o in other_runs] == [
         (0, 200, (100,), 1), (1, 200, (100,), 1)
     ]
-    (line,) = describe_other_runs(choice.other_runs)
+    (line,) = describe_other_runs(other_runs)
     assert "ranks 0, 1 use" in line and "pid 200" in line and "left out pid 100" in line
 
 

@@ -131,10 +131,10 @@ def newest_runs(infos: Sequence[TraceInfo]) -> tuple[list[TraceInfo], tuple[Othe
     """The newest run of each rank (see :mod:`torchstep_prof.traces.analysis.runs`), the others warned about."""
     from ..traces.analysis.runs import choose_runs, describe_other_runs
 
-    choice = choose_runs(infos)
-    for line in describe_other_runs(choice.other_runs):
+    kept, other_runs = choose_runs(infos)
+    for line in describe_other_runs(other_runs):
         print(safe_text(line), file=sys.stderr)
-    return list(choice.traces), choice.other_runs
+    return kept, other_runs
 
 
 def usable_traces(args: argparse.Namespace, filters: TraceFilter, *, one_run: bool = True) -> list[TraceInfo] | int:

@@ -54,7 +54,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         _spans.warn_if_foreign(spans, infos)
         clocks = JobClocks(folder=folder, reference=ledger.reference, processes=ledger.processes)
     try:
-        result = merge_traces(infos, args.output, skip_bad=True, clocks=clocks)
+        result = merge_traces(infos, args.output, clocks=clocks)
     except ValueError as exc:  # every input changed since it was scanned
         _tracedir.error(f"merge failed: {exc}")
         return _tracedir.EXIT_NO_TRACE

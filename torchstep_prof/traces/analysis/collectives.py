@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 import attrs
 
 from ..reading.collective_calls import WAIT_KINDS, CollectiveCall
-from .findings import EXPLAINS_SHARE, ms_text, op_deltas
+from .findings import EXPLAINS_SHARE, ms_text, op_deltas, op_self_ms
 from .summarize import STRAGGLER_MIN_MS, GroupSummary, Summary, group_fields
 
 __all__ = [
@@ -133,7 +133,7 @@ def _group_waits(group: GroupSummary) -> Optional[CollectiveWaits]:
             last[first_out] += 1
             caused[first_out] += sum(durations.values()) - len(durations) * shortest
     ranks = tuple(RankWait(rank=r, wait_ms=waits[r], last=last[r], caused_ms=caused[r]) for r in sorted(rows))
-    late, ops = _late_rank(ranks, len(matched), rows)
+    late, ops = _late_rank(ranks, rows)
     return CollectiveWaits(
         **group_fields(group),
         kind=kind,
@@ -158,17 +158,13 @@ def _keyed(calls: Sequence[CollectiveCall]) -> dict[tuple[str, str, int], float]
     return keyed
 
 
-def _late_rank(
-    ranks: Sequence[RankWait], matched: int, rows: Mapping[int, Any]
-) -> tuple[Optional[int], Tuple[Any, ...]]:
-    if not matched:
-        return None, ()
+def _late_rank(ranks: Sequence[RankWait], rows: Mapping[int, Any]) -> tuple[Optional[int], Tuple[Any, ...]]:
+    # With no collective matched, nobody waited: the first test below names no one.
     late = max(ranks, key=lambda r: (r.caused_ms, r.last, -r.rank))
     others = [r for r in ranks if r.rank != late.rank]
     total = sum(r.wait_ms for r in ranks)
     if late.caused_ms <= LATE_SHARE * total or max(r.wait_ms for r in others) < STRAGGLER_MIN_MS:
         return None, ()
-    mine = {op.name: op.self_ms for op in rows[late.rank].top_ops}
     theirs: dict[str, float] = {}
     for r in others:
         for op in rows[r.rank].top_ops:
@@ -176,8 +172,8 @@ def _late_rank(
     # As for a straggler: an operator explains the lateness when its extra self time is a real
     # share of what the others waited (the mean of their waits).
     lateness = sum(r.wait_ms for r in others) / len(others)
-    over = [d for d in op_deltas(mine, theirs) if d.delta_ms >= EXPLAINS_SHARE * lateness > 0]
-    over.sort(key=lambda d: (-d.delta_ms, d.name))
+    # op_deltas orders them by difference, largest first: these are all over 0.
+    over = [d for d in op_deltas(op_self_ms(rows[late.rank]), theirs) if d.delta_ms >= EXPLAINS_SHARE * lateness > 0]
     return late.rank, tuple(over[:LATE_OPS])
 
 

@@ -15,8 +15,8 @@ from typing import Any, Iterable, Optional, Sequence, Tuple
 import attrs
 
 from ..reading.events import op_stats_by_region
+from ..reading.fused import region_labels
 from ..reading.files import TraceInfo, TraceReadError, Unreadable, load_trace
-from ...naming import sanitize_label
 
 __all__ = ["DiffResult", "OpChange", "RegionChange", "diff_to_dict", "diff_traces", "side_stats"]
 
@@ -110,11 +110,7 @@ def side_stats(infos: Iterable[TraceInfo]) -> _Side:
 def _fused_label(raw: Optional[str], info: TraceInfo) -> str:
     if raw is None:
         return f"{info.role}/{OUTSIDE_REGIONS}"
-    role, _, stage = raw.partition("/")
-    try:
-        return f"{sanitize_label(role)}/{sanitize_label(stage)}"
-    except ValueError:
-        return raw
+    return "/".join(region_labels(raw))
 
 
 def _add_region(side: _Side, label: str, wall_ms: float) -> None:

@@ -13,7 +13,8 @@ from typing import Any, Iterable, Mapping, Optional, Tuple
 
 import attrs
 
-from .summarize import GroupSummary, RankTime, Summary
+from .summarize import GroupSummary, Summary
+from ..reading.files import TraceInfo
 
 __all__ = [
     "FINDINGS_DEPTH",
@@ -69,7 +70,7 @@ class Finding:
         return self.wall_ms / self.median_ms if self.median_ms > 0 else float("inf")
 
 
-def find_findings(summary: Summary, *, ops: int = FINDING_OPS) -> Tuple[Finding, ...]:
+def find_findings(summary: Summary) -> Tuple[Finding, ...]:
     """One :class:`Finding` per group of ``summary`` that has a straggler, most slowed first.
 
     The operator comparison is as deep as the ranks' ``top_ops``: summarize with a generous
@@ -81,7 +82,7 @@ def find_findings(summary: Summary, *, ops: int = FINDING_OPS) -> Tuple[Finding,
     >>> for finding in find_findings(summarize(*scanned)):  # doctest: +SKIP
     ...     print(describe_finding(finding))
     """
-    found = [_finding(group, ops) for group in summary.groups]
+    found = [_finding(group) for group in summary.groups]
     return tuple(
         sorted(
             (f for f in found if f is not None),
@@ -90,10 +91,10 @@ def find_findings(summary: Summary, *, ops: int = FINDING_OPS) -> Tuple[Finding,
     )
 
 
-def _finding(group: GroupSummary, ops: int) -> Optional[Finding]:
+def _finding(group: GroupSummary) -> Optional[Finding]:
     # A rank with several rows (several runs in one folder) is represented by its slowest row, as
     # the straggler test does.
-    rows: dict[int, RankTime] = {}
+    rows: dict[int, TraceInfo] = {}
     for row in group.ranks:
         if row.rank not in rows or row.wall_ms > rows[row.rank].wall_ms:
             rows[row.rank] = row
@@ -112,11 +113,12 @@ def _finding(group: GroupSummary, ops: int) -> Optional[Finding]:
         median_rank=median.rank,
         wall_ms=straggler.wall_ms,
         median_ms=group.median_ms,
-        ops=op_deltas(_self_ms(straggler), _self_ms(median))[:ops],
+        ops=op_deltas(op_self_ms(straggler), op_self_ms(median))[:FINDING_OPS],
     )
 
 
-def _self_ms(row: RankTime) -> dict[str, float]:
+def op_self_ms(row: TraceInfo) -> dict[str, float]:
+    """Each operator of ``row``'s ``top_ops``: its self time in ms."""
     return {op.name: op.self_ms for op in row.top_ops}
 
 

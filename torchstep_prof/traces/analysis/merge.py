@@ -52,10 +52,9 @@ class MergeResult:
     """What :func:`merge_traces` wrote."""
 
     path: str
-    base_time_ns: int
     tracks: tuple[MergedTrack, ...]
     events: int
-    skipped: tuple[tuple[str, str], ...] = ()  # (path, reason) of inputs left out (skip_bad)
+    skipped: tuple[tuple[str, str], ...] = ()  # (path, reason) of inputs left out
     clocks: tuple[TraceClock, ...] = ()  # per track, when merged with the job's clocks
 
 
@@ -70,16 +69,15 @@ def merge_traces(
     traces: Iterable[TraceInfo | str | os.PathLike[str]],
     out_path: str | os.PathLike[str],
     *,
-    skip_bad: bool = False,
     clocks: Optional[JobClocks] = None,
 ) -> MergeResult:
     """Write one Chrome trace holding every trace in ``traces``, each as its own process track.
 
     ``traces`` are :class:`~torchstep_prof.traces.reading.files.TraceInfo` records (from ``scan_traces``)
     or paths. The output is gzipped when ``out_path`` ends with ``.gz``, and appears complete or
-    not at all. Inputs are read one at a time. Raises :class:`TraceReadError` when an input is
-    not a usable trace (with ``skip_bad``, leaves it out and names it in ``skipped`` instead)
-    and ``ValueError`` when there is nothing to merge. With ``clocks``, each input is moved by
+    not at all. Inputs are read one at a time; one that is not a usable trace is left out and
+    named in ``skipped``. Raises :class:`TraceReadError` when a path given is not a trace, and
+    ``ValueError`` when there is nothing to merge. With ``clocks``, each input is moved by
     its process's estimated clock offset where there is one.
 
     >>> infos, _ = scan_traces("outputs/profile", TraceFilter(steps=[3]))  # doctest: +SKIP
@@ -113,22 +111,16 @@ def merge_traces(
                     raise TraceReadError(f"{info.path}: not a Chrome trace (no traceEvents list)")
                 shift_us = (own_base - base_ns) / 1000.0
                 events, max_id = _track_events(trace, track, index, shift_us, id_offset)
-                chunk = dumps(events)[1:-1] if events else b""
-                count = len(events)
+                chunk = dumps(events)[1:-1]  # never empty: the track's own metadata comes first
             except Exception as exc:
-                if not skip_bad:
-                    if isinstance(exc, TraceReadError):
-                        raise
-                    raise TraceReadError(f"{info.path}: cannot merge ({exc!r})") from exc
                 skipped.append((info.path, str(exc)))
                 continue
             id_offset = max_id + 1
             if device_properties is None and trace.get("deviceProperties"):
                 device_properties = trace["deviceProperties"]
+            written += len(events)
             del trace, events
-            if chunk:
-                out.write((b"," if written else b"") + chunk)
-                written += count
+            out.write((b"," if merged else b"") + chunk)
             merged.append((track, info, clock))
         if not merged:
             raise ValueError("no trace to merge: every input was skipped")
@@ -160,7 +152,6 @@ def merge_traces(
         out.write(b"}")
     return MergeResult(
         path=out_path,
-        base_time_ns=base_ns,
         tracks=tuple(t for t, _, _ in merged),
         events=written,
         skipped=tuple(skipped),

@@ -19,7 +19,7 @@ import attrs
 
 from ..reading.files import TraceInfo, started_at
 
-__all__ = ["FUSED_ROLE", "OtherRun", "RunChoice", "choose_runs", "describe_other_runs"]
+__all__ = ["FUSED_ROLE", "OtherRun", "choose_runs", "describe_other_runs"]
 
 FUSED_ROLE = "(fused)"
 """The role of :class:`OtherRun` records about fused traces (whatever roles they hold)."""
@@ -36,19 +36,13 @@ class OtherRun:
     left_out: int  # traces of the other pids
 
 
-@attrs.frozen(kw_only=True)
-class RunChoice:
-    """The traces kept (newest run per rank and role) and the runs that were left out."""
-
-    traces: Tuple[TraceInfo, ...]
-    other_runs: Tuple[OtherRun, ...] = ()
-
-
-def choose_runs(traces: Iterable[TraceInfo]) -> RunChoice:
+def choose_runs(traces: Iterable[TraceInfo]) -> tuple[list[TraceInfo], Tuple[OtherRun, ...]]:
     """Keep, for each (rank, role), the traces of the newest process; name the others.
 
-    >>> choice = choose_runs(scan_traces("outputs/profile")[0])  # doctest: +SKIP
-    >>> [(r.rank, r.pid, r.other_pids) for r in choice.other_runs]  # doctest: +SKIP
+    Returns the traces kept and the runs that were left out.
+
+    >>> kept, other_runs = choose_runs(scan_traces("outputs/profile")[0])  # doctest: +SKIP
+    >>> [(r.rank, r.pid, r.other_pids) for r in other_runs]  # doctest: +SKIP
     [(0, 4242, (4100,))]
     """
     traces = list(traces)
@@ -74,8 +68,7 @@ def choose_runs(traces: Iterable[TraceInfo]) -> RunChoice:
                 left_out=sum(len(by_pid[pid]) for pid in left),
             )
         )
-    kept = tuple(info for info in traces if info.path not in dropped)
-    return RunChoice(traces=kept, other_runs=tuple(others))
+    return [info for info in traces if info.path not in dropped], tuple(others)
 
 
 def describe_other_runs(other_runs: Sequence[OtherRun]) -> list[str]:

@@ -16,10 +16,8 @@ import attrs
 
 from ...rendering import format_ms, safe_text, wrap_label
 from .runs import OtherRun
-from ..reading.collective_calls import CollectiveCall
 from ..reading.events import ranked_ops
 from ..reading.files import OpTime, TraceInfo, Unreadable
-from ..reading.memory_events import MemoryUse
 
 if TYPE_CHECKING:  # rich is imported where it renders: grouping traces does not need it
     from rich.console import Console
@@ -29,7 +27,6 @@ __all__ = [
     "DEFAULT_STRAGGLER_RATIO",
     "STRAGGLER_MIN_MS",
     "GroupSummary",
-    "RankTime",
     "Summary",
     "find_straggler",
     "group_fields",
@@ -46,24 +43,10 @@ few milliseconds, a ratio alone flags noise."""
 
 
 @attrs.frozen(kw_only=True)
-class RankTime:
-    """One rank's trace within a group (``role``: the trace's own role, which differs between
-    the ranks of a fused group when they ran different roles)."""
-
-    rank: int
-    wall_ms: float
-    file: str
-    pid: Optional[int] = None
-    role: str = ""
-    top_ops: Tuple[OpTime, ...] = ()
-    collectives: Tuple[CollectiveCall, ...] = ()
-    memory: Tuple[MemoryUse, ...] = ()
-    gpu_ms: Optional[float] = None  # kernel time inside the region (traces/gpu_time.py)
-
-
-@attrs.frozen(kw_only=True)
 class GroupSummary:
-    """The traces of one region (role, stage) at one step and occurrence, one per rank.
+    """The traces of one region (role, stage) at one step and occurrence, one per rank
+    (``ranks``: each with its operators cut to ``top``; a trace's ``role`` is its own, which
+    differs between the ranks of a fused group when they ran different roles).
 
     A fused group (``fused``) holds the whole-step traces of its step from every rank, whatever
     roles each rank ran; its ``role`` is the roles of its ranks' traces, distinct, joined by
@@ -74,7 +57,7 @@ class GroupSummary:
     role: str
     stage: str
     step: int
-    ranks: Tuple[RankTime, ...]
+    ranks: Tuple[TraceInfo, ...]
     median_ms: float
     min_ms: float
     max_ms: float
@@ -171,20 +154,7 @@ def summarize(
                 step=step,
                 occurrence=occurrence,
                 fused=infos[0].fused,
-                ranks=tuple(
-                    RankTime(
-                        rank=i.rank,
-                        wall_ms=i.wall_ms,
-                        file=i.path,
-                        pid=i.pid,
-                        role=i.role,
-                        top_ops=i.top_ops[:top],
-                        collectives=i.collectives,
-                        memory=i.memory,
-                        gpu_ms=i.gpu_ms,
-                    )
-                    for i in infos
-                ),
+                ranks=tuple(attrs.evolve(i, top_ops=i.top_ops[:top]) for i in infos),
                 median_ms=statistics.median(values),
                 min_ms=min(values),
                 max_ms=max(values),
@@ -255,7 +225,7 @@ def summary_to_dict(summary: Summary) -> dict[str, Any]:
                         "role": r.role,
                         "wall_ms": _ms(r.wall_ms),
                         "gpu_ms": None if r.gpu_ms is None else _ms(r.gpu_ms),
-                        "file": r.file,
+                        "file": r.path,
                         "top_ops": _ops(r.top_ops),
                     }
                     for r in g.ranks
@@ -306,7 +276,9 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
     from ...rendering import print_stripped
 
     if summary.groups:
-        table, ops_below = _table(summary, title, console.width)
+        # A gpu ms column only when some trace holds kernels.
+        gpu = any(rank.gpu_ms is not None for group in summary.groups for rank in group.ranks)
+        table, ops_below = _table(summary, title, console.width, gpu)
         print_stripped(console, table)
         for group in summary.groups if ops_below else ():
             if group.top_ops:
@@ -318,7 +290,7 @@ def render_summary(summary: Summary, console: Console, *, title: str | None = No
             f"straggler: over {summary.straggler_ratio:g}x its group's median and at least "
             f"{STRAGGLER_MIN_MS:g} ms over it. top ops: self time, averaged over the group's ranks."
         )
-        if _gpu_cells(summary):
+        if gpu:
             caption += " gpu ms: time CUDA kernels ran inside the region."
         print_stripped(console, Text(caption))
     if summary.unreadable:
@@ -333,14 +305,13 @@ _MIN_OPS_WIDTH = 16  # narrower than this, the operators go under the table
 _MIN_REGION_WIDTH = 12  # a folded region name keeps this many characters a line at least
 
 
-def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool]:
+def _table(summary: Summary, title: str | None, width: int, gpu: bool) -> tuple[Table, bool]:
     """The table, and whether the operators must be listed under it (no room for a column)."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     show_occ = any(g.occurrence > 1 for g in summary.groups)
-    gpu = _gpu_cells(summary)
     rows = _rows(summary)
     cells = [
         ("region", [r[0] for r in rows]),
@@ -348,7 +319,7 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
         *([("occ", [r[2] for r in rows])] if show_occ else []),
         ("rank", [r[3] for r in rows]),
         ("wall ms", [r[4] for r in rows]),
-        *([("gpu ms", gpu)] if gpu else []),
+        *([("gpu ms", [r[8] for r in rows])] if gpu else []),
         ("x median", [r[5] for r in rows]),  # a Text: the straggler's flag is styled
     ]
     widths = [max(len(h), *(len(line) for c in col for line in str(c).split("\n"))) for h, col in cells]
@@ -383,17 +354,9 @@ def _table(summary: Summary, title: str | None, width: int) -> tuple[Table, bool
     return table, not ops_column and any(g.top_ops for g in summary.groups)
 
 
-def _gpu_cells(summary: Summary) -> list[str]:
-    """The ``gpu ms`` column's cells, one per rank row as :func:`_rows` orders them (blank for a
-    trace without kernels); no column at all when no trace holds kernels."""
-    values = [rank.gpu_ms for group in summary.groups for rank in group.ranks]
-    if all(value is None for value in values):
-        return []
-    return ["" if value is None else format_ms(value) for value in values]
-
-
 def _rows(summary: Summary) -> list[tuple]:
-    """(region, step, occ, rank, wall, ratio, ops, end_section) per rank of every group."""
+    """(region, step, occ, rank, wall, ratio, ops, end_section, gpu) per rank of every group
+    (gpu blank for a trace without kernels)."""
     from rich.text import Text
 
     rows = []
@@ -425,6 +388,7 @@ def _rows(summary: Summary) -> list[tuple]:
                     ratio,
                     "\n".join(ops),
                     row == len(group.ranks) - 1 and number < len(summary.groups) - 1,
+                    "" if rank.gpu_ms is None else format_ms(rank.gpu_ms),
                 )
             )
     return rows

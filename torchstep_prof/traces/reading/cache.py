@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import secrets
 import time
 import typing
 from typing import Any, Optional, Tuple, Union
@@ -23,12 +22,13 @@ from typing import Any, Optional, Tuple, Union
 import attrs
 
 from ._json import dumps, loads
+from ..._shared_files import replace_exclusively
 from .files import TraceInfo, Unreadable
 
 __all__ = ["CACHE_ENV", "SummaryCache", "cache_dir", "file_key"]
 
 CACHE_ENV = "TORCHSTEP_PROF_CACHE_DIR"
-_FORMAT = 2
+_FORMAT = 3
 
 
 _NOT_CONTENTS = ("cannot read", "not a regular file", "a symbolic link")
@@ -212,20 +212,12 @@ class SummaryCache:
         for key in [k for k in self._entries if k not in self._seen and not os.path.exists(k)]:
             del self._entries[key]
         folder = os.path.dirname(self.path)
-        tmp = f"{self.path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
-            doc = {"format": _FORMAT, "version": __version__, "entries": self._entries}
-            with open(tmp, "wb") as handle:
-                handle.write(dumps(doc))
-            os.replace(tmp, self.path)
+            replace_exclusively(self.path, dumps({"format": _FORMAT, "version": __version__, "entries": self._entries}))
             _forget_old(folder)
         except OSError as exc:
             self.problem = f"cannot write the summary cache {self.path}: {exc.strerror or exc}"
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
         else:
             self._changed = False
 

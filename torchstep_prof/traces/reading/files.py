@@ -12,14 +12,14 @@ of raising.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Optional, Tuple
+from typing import Any, Iterable, Optional, Tuple
 
 import attrs
 
 from .events import MAX_TIME_US, OpTime, absurd_times, iter_events, region_ranges, region_time, top_ops
 from .collective_calls import CollectiveCall, read_collectives
 from .gpu_time import gpu_busy_ms
-from .fused import FusedRegions, RegionSpan, RegionTopOps, read_fused_regions
+from .fused import RegionSpan, RegionTopOps, read_fused_regions, region_labels
 from .loading import TraceReadError, describe_error as _describe, load_trace
 from .memory_events import MemoryUse, read_memory
 from ...naming import FUSED_STAGE, METADATA_KEY, TRACE_SUFFIXES, TraceName, parse_trace_name, sanitize_label
@@ -78,7 +78,6 @@ class TraceInfo:
     fused: bool = False
     roles: Tuple[str, ...] = ()
     start_ns: Optional[int] = None
-    has_distributed_info: bool = True
     top_ops: Tuple[OpTime, ...] = ()
     regions: Tuple[RegionSpan, ...] = ()
     region_ops: Tuple[RegionTopOps, ...] = ()
@@ -95,13 +94,9 @@ class Unreadable:
     reason: str
 
 
-# Named functions, not a factory's closures: attrs' mypy plugin types only named converters.
-def _role_labels(values: Iterable[str]) -> Tuple[str, ...]:
-    return tuple(sanitize_label(value) for value in values)
-
-
-def _stage_labels(values: Iterable[str]) -> Tuple[str, ...]:
-    return tuple(sanitize_label(value) for value in values)
+# A named function, not a lambda: attrs' mypy plugin types only named converters.
+def _labels(values: Iterable[str]) -> Tuple[str, ...]:
+    return tuple(map(sanitize_label, values))
 
 
 @attrs.frozen(kw_only=True)
@@ -109,11 +104,11 @@ class TraceFilter:
     """Which traces to keep; an empty field keeps everything.
 
     Roles and stages are kept as sanitized labels, so ``compute_log_prob`` selects the
-    ``compute-log-prob`` files (a label with nothing left after sanitizing is a ``ValueError``).
+    ``compute-log-prob`` files.
     """
 
-    roles: Tuple[str, ...] = attrs.field(default=(), converter=_role_labels)
-    stages: Tuple[str, ...] = attrs.field(default=(), converter=_stage_labels)
+    roles: Tuple[str, ...] = attrs.field(default=(), converter=_labels)
+    stages: Tuple[str, ...] = attrs.field(default=(), converter=_labels)
     steps: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
     ranks: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
     pids: Tuple[int, ...] = attrs.field(default=(), converter=tuple)
@@ -169,18 +164,18 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
             f"beyond {MAX_TIME_US:.0e} µs or not finite; first {example})"
         )
     wall_ms, start_us = region_time(events, fields["step"])
-    fused = FusedRegions()
     start_ns = None if base_ns is None or start_us is None else base_ns + round(start_us * 1000)
     if start_ns is not None and not 0 <= start_ns <= MAX_EPOCH_NS:
         raise TraceReadError(
             f"{path}: absurd start time (baseTimeNanoseconds plus the step's ts is {start_ns / 1e9:.3g} s since 1970)"
         )
-    dist = trace.get("distributedInfo")
     roles: Tuple[str, ...] = (fields["role"],)
     if fields["fused"]:
         ranges = region_ranges(events)
-        roles = tuple(dict.fromkeys(role for r in ranges if (role := _label(r.name.split("/", 1)[0])))) or roles
-        fused = read_fused_regions(trace, ranges, start_us, wall_ms, top, _label)
+        roles = tuple(dict.fromkeys(region_labels(r.name)[0] for r in ranges)) or roles
+        spans, region_ops, ops = read_fused_regions(trace, ranges, start_us, wall_ms, top)
+    else:
+        spans, region_ops, ops = (), (), top_ops(trace, top)
     return TraceInfo(
         path=path,
         **fields,
@@ -189,10 +184,9 @@ def _describe_trace(path: str, trace: dict[str, Any], top: int) -> TraceInfo:
         base_time_ns=base_ns,
         size_bytes=_size(path),
         start_ns=start_ns,
-        has_distributed_info=isinstance(dist, dict) and _int(dist.get("rank")) is not None,
-        top_ops=fused.top_ops if fields["fused"] else top_ops(trace, top) if top > 0 else (),
-        regions=fused.spans,
-        region_ops=fused.region_ops,
+        top_ops=ops,
+        regions=spans,
+        region_ops=region_ops,
         collectives=read_collectives(events),
         memory=read_memory(events),
         gpu_ms=None if start_us is None else gpu_busy_ms(events, start_us, start_us + wall_ms * 1000.0),
@@ -232,20 +226,21 @@ def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
     dist = trace.get("distributedInfo")
     dist = dist if isinstance(dist, dict) else {}
 
-    def pick(key: str, name_value: Any, in_dist: bool = False) -> Any:
+    def pick(key: str, name_value: Any, dist_default: Optional[int] = None) -> Any:
         value = _label(meta.get(key)) if key in ("role", "stage") else _int(meta.get(key))
         if value is None:
             value = name_value
-        if value is None and in_dist:
+        if value is None and dist_default is not None:  # then distributedInfo, then the default
             value = _int(dist.get(key))
+            value = dist_default if value is None else value
         return value
 
     fields = {
         "role": pick("role", name and name.role),
         "stage": pick("stage", name and name.stage),
         "step": pick("step", name and name.step),
-        "rank": pick("rank", name and name.rank, in_dist=True),
-        "world_size": pick("world_size", name and name.world_size, in_dist=True),
+        "rank": pick("rank", name and name.rank, dist_default=0),
+        "world_size": pick("world_size", name and name.world_size, dist_default=1),
         "pid": pick("pid", name and name.pid),
     }
     missing = [key for key in ("role", "stage", "step") if fields[key] is None]
@@ -254,10 +249,6 @@ def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
             f"{path}: a Chrome trace, but not a torchstep_prof one (no {METADATA_KEY!r} "
             f"metadata and not a trace file name: {', '.join(missing)} unknown)"
         )
-    if fields["rank"] is None:
-        fields["rank"] = 0
-    if fields["world_size"] is None:
-        fields["world_size"] = 1
     occurrence = _int(meta.get("occurrence"))
     fields["occurrence"] = occurrence if occurrence is not None and occurrence >= 1 else 1
     discrete = meta.get("discrete")
@@ -268,10 +259,7 @@ def _identity(path: str, trace: dict[str, Any]) -> dict[str, Any]:
 
 def _label(value: Any) -> str | None:
     """A label as file names write it (metadata written by hand may hold the raw one)."""
-    try:
-        return sanitize_label(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
+    return sanitize_label(value) if isinstance(value, str) else None
 
 
 def _int(value: Any) -> int | None:
@@ -288,11 +276,9 @@ def _size(path: str) -> int:
 def find_trace_files(directory: str | os.PathLike[str], *, recursive: bool = False) -> list[str]:
     """The ``.json`` / ``.json.gz`` files in ``directory`` (its subfolders too when
     ``recursive``), sorted by path. Raises ``OSError`` when the folder cannot be listed."""
-    directory = os.fspath(directory)
     found: list[str] = []
     if recursive:
-        for root, dirs, files in os.walk(directory):
-            dirs.sort()
+        for root, _, files in os.walk(directory):
             found.extend(os.path.join(root, f) for f in files if f.endswith(TRACE_SUFFIXES))
     else:
         with os.scandir(directory) as entries:
@@ -314,45 +300,31 @@ def scan_traces(
     filters: TraceFilter | None = None,
     *,
     top: int = 0,
-    recursive: bool = False,
-    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[TraceInfo], list[Unreadable]]:
     """Describe every trace in a folder (or a list of files) that passes ``filters``.
 
     Returns ``(infos, unreadable)``: the traces sorted by role, stage, step, rank and path, and
     the files that are not usable traces (corrupt, not JSON, not a torchstep_prof trace) with
     the reason. Files whose names parse and fail the filters are not even opened. One file is in
-    memory at a time. ``progress(done, total)`` is called after each file.
+    memory at a time.
     """
-    filters = filters or TraceFilter()
+    from .parallel import scan_paths  # it reads with this module's functions
+
     if isinstance(directory, (str, os.PathLike)):
-        paths = find_trace_files(directory, recursive=recursive)
+        paths = find_trace_files(directory)
     else:
         paths = [os.fspath(p) for p in directory]
-    infos: list[TraceInfo] = []
-    unreadable: list[Unreadable] = []
-    for done, path in enumerate(paths, 1):
-        if wanted_by_name(path, filters):
-            found = read_or_skip(path, top)
-            if isinstance(found, Unreadable):
-                unreadable.append(found)
-            elif filters.matches(found):
-                infos.append(found)
-        if progress is not None:
-            progress(done, len(paths))
-    infos.sort(key=trace_sort_key)
-    return infos, unreadable
+    return scan_paths(paths, filters, top=top)
 
 
 def read_or_skip(path: str, top: int = 0) -> TraceInfo | Unreadable:
     """:func:`read_trace_info` of ``path``, or the :class:`Unreadable` saying why it is skipped:
-    never raises, whatever the parser raised (a scan never ends on one file)."""
+    never raises, whatever the parser raised (a scan never ends on one file; :func:`load_trace`
+    and :func:`read_trace_info` turn any failure into a :class:`TraceReadError`)."""
     try:
         return read_trace_info(path, top=top)
     except TraceReadError as exc:
         return Unreadable(path=path, reason=_reason(exc, path))
-    except Exception as exc:
-        return Unreadable(path=path, reason=_describe(exc))
 
 
 def wanted_by_name(path: str, filters: TraceFilter) -> bool:

@@ -9,13 +9,14 @@ same pass over the events as the trace's own.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import attrs
 
 from .events import OpTime, RegionRange, outer_ranges, ranked_ops, top_ops_by_region
+from ...naming import sanitize_label
 
-__all__ = ["MAX_SPANS", "FusedRegions", "RegionSpan", "RegionTopOps", "read_fused_regions"]
+__all__ = ["MAX_SPANS", "RegionSpan", "RegionTopOps", "read_fused_regions", "region_labels"]
 
 MAX_SPANS = 200
 """Region bars kept per fused trace: a region entered thousands of times in a step (a loop of
@@ -43,26 +44,15 @@ class RegionTopOps:
     ops: Tuple[OpTime, ...]
 
 
-@attrs.frozen(kw_only=True)
-class FusedRegions:
-    """What :func:`read_fused_regions` found: the spans, each region's and the trace's top ops."""
-
-    spans: Tuple[RegionSpan, ...] = ()
-    region_ops: Tuple[RegionTopOps, ...] = ()
-    top_ops: Tuple[OpTime, ...] = ()
-
-
 def read_fused_regions(
     trace: dict[str, Any],
     ranges: Sequence[RegionRange],
     start_us: Optional[float],
     wall_ms: float,
     top: int,
-    label: Callable[[Any], Optional[str]],
-) -> FusedRegions:
-    """The spans of ``ranges`` inside the owning block (``start_us``, ``wall_ms``) and, when
-    ``top`` > 0, the ``top`` operators of the trace and of each region. ``label`` sanitizes a
-    raw role or stage as file names write it (None: not a label, the range is skipped)."""
+) -> tuple[Tuple[RegionSpan, ...], Tuple[RegionTopOps, ...], Tuple[OpTime, ...]]:
+    """The spans of ``ranges`` inside the owning block (``start_us``, ``wall_ms``), and the
+    ``top`` operators of each region and of the trace."""
     spans: list[RegionSpan] = []
     if start_us is not None:
         outer = outer_ranges(ranges, start_us, start_us + wall_ms * 1000.0)
@@ -71,9 +61,7 @@ def read_fused_regions(
             outer = [r for r in outer if id(r) in keep]
         seen: dict[tuple[str, str], int] = {}
         for r in outer:
-            names = _split(r.name, label)
-            if names is None:
-                continue
+            names = region_labels(r.name)
             seen[names] = seen.get(names, 0) + 1
             spans.append(
                 RegionSpan(
@@ -84,28 +72,21 @@ def read_fused_regions(
                     wall_ms=r.dur / 1000.0,
                 )
             )
-    if top <= 0:
-        return FusedRegions(spans=tuple(spans))
     overall, by_name = top_ops_by_region(trace, top)
     merged: dict[tuple[str, str], dict[str, float]] = {}
     for name, ops in by_name.items():
-        names = _split(name, label)
-        if names is None:
-            continue
         # Two raw labels may sanitize alike (compute_log_prob, compute-log-prob): one region.
-        totals = merged.setdefault(names, {})
+        totals = merged.setdefault(region_labels(name), {})
         for op in ops:
             totals[op.name] = totals.get(op.name, 0.0) + op.self_ms
     region_ops = tuple(
         RegionTopOps(role=role, stage=stage, ops=ranked_ops(totals, top, divisor=1.0))
         for (role, stage), totals in sorted(merged.items())
     )
-    return FusedRegions(spans=tuple(spans), region_ops=region_ops, top_ops=overall)
+    return tuple(spans), region_ops, overall
 
 
-def _split(name: str, label: Callable[[Any], Optional[str]]) -> Optional[tuple[str, str]]:
+def region_labels(name: str) -> tuple[str, str]:
+    """The role and stage of a region range's raw name (``<role>/<stage>``) as file names write them."""
     role, _, stage = name.partition("/")
-    role_label, stage_label = label(role), label(stage)
-    if role_label is None or stage_label is None:
-        return None
-    return role_label, stage_label
+    return sanitize_label(role), sanitize_label(stage)

@@ -274,7 +274,7 @@ def _group_figure(group: GroupSummary, report: Report) -> dict[str, Any]:
         "y": [round(r.wall_ms, 3) for r in group.ranks],
         "marker": {"color": [_STRAGGLER if s else _BAR for s in straggling]},
         "customdata": [
-            [f"{ratio:.2f}", os.path.basename(r.file), "straggler" if s else ""]
+            [f"{ratio:.2f}", os.path.basename(r.path), "straggler" if s else ""]
             for r, ratio, s in zip(group.ranks, ratios, straggling)
         ],
         "hovertemplate": "%{x}: %{y:.2f} ms (%{customdata[0]}x median) %{customdata[2]}"
@@ -331,7 +331,7 @@ def _rank_labels(group: GroupSummary) -> list[str]:
         label = f"rank {r.rank}"
         if counts[r.rank] > 1:  # several runs in the folder: tell the rows apart by process
             pid = getattr(r, "pid", None)
-            label += f" pid {pid}" if pid is not None else f" {os.path.basename(r.file)}"
+            label += f" pid {pid}" if pid is not None else f" {os.path.basename(r.path)}"
         labels.append(label)
     return labels
 
