@@ -156,7 +156,7 @@ class StepDriver:
         if not seen:
             STORE.add_attention(
                 "run-no-step",
-                f"torchstep-prof run: no step boundary was seen (no {self.step_on.describe()[5:]}"
+                f"torchstep-prof run: no step boundary was seen (no {self.step_on.boundary()}"
                 + (f", or fewer than --step-every {self.step_every}" if self.step_every > 1 else "")
                 + "): nothing was profiled",
             )
