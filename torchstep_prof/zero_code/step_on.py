@@ -218,7 +218,9 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
 
         def local(frame: Any, event: str, arg: Any) -> Any:
             if event == "line" and source._wrap_in(frame.f_globals):
-                source._stop_tracing(frame)
+                sys.settrace(None)
+                source._tracing = False
+                frame.f_trace = None
                 return None
             return local
 
@@ -231,11 +233,6 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
 
         self._tracing = True
         sys.settrace(global_trace)
-
-    def _stop_tracing(self, frame: Any) -> None:
-        sys.settrace(None)
-        self._tracing = False
-        frame.f_trace = None
 
     def _wrap_in(self, namespace: dict) -> bool:
         head, *rest = self.step_on.qualname.split(".")

@@ -227,16 +227,12 @@ def _group_meta(group: GroupSummary) -> str:
         slow = max(r.wall_ms for r in group.ranks if r.rank == group.straggler)
         ratio = slow / group.median_ms if group.median_ms > 0 else float("inf")
         text += f", straggler: rank {group.straggler} ({ratio:.2f}x)"
-    return text + _gpu_meta(group)
-
-
-def _gpu_meta(group: GroupSummary) -> str:
-    """The group's GPU time beside its wall time: the median over the ranks whose traces hold
-    kernels (traces/gpu_time.py); nothing when none does."""
-    values = [r.gpu_ms for r in group.ranks if r.gpu_ms is not None]
-    if not values:
-        return ""
-    return f", GPU (kernels inside the region) median {statistics.median(values):.1f} ms"
+    # The GPU time beside the wall time: the median over the ranks whose traces hold kernels
+    # (traces/gpu_time.py); nothing when none does.
+    gpu = [r.gpu_ms for r in group.ranks if r.gpu_ms is not None]
+    if gpu:
+        text += f", GPU (kernels inside the region) median {statistics.median(gpu):.1f} ms"
+    return text
 
 
 def _ops_table(group: GroupSummary) -> str:
