@@ -248,8 +248,6 @@ STATES: tuple[State, ...] = (
            "no reset: every scope exits", "kept (the forking thread's context)"),
     _state("integrations.ray", "_SUBMITTED", "registry", "Ray references submitted and not yet got (capped)",
            "_SUBMITTED.clear()", "kept (a child makes no Ray calls of the parent's)", ("call", "_SUBMITTED.clear")),
-    _state("zero_code.boundaries", "_DRIVER", "singleton", "the one step driver while torchstep-prof run runs",
-           "no reset: set and cleared by the run", _KEPT),
 )  # fmt: skip
 
 

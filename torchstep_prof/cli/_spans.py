@@ -17,14 +17,14 @@ if TYPE_CHECKING:
     from ..timeline.ledger import Ledger
     from ..traces.reading.files import TraceInfo
 
-HELP = (
-    "the job's span files (tsp.spans) for one clock across processes "
-    "(default: DIR when it holds spans-*.jsonl files, else DIR/spans)"
-)
-
 
 def add_spans_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--spans", metavar="SPANDIR", help=HELP)
+    parser.add_argument(
+        "--spans",
+        metavar="SPANDIR",
+        help="the job's span files (tsp.spans) for one clock across processes "
+        "(default: DIR when it holds spans-*.jsonl files, else DIR/spans)",
+    )
 
 
 def load_ledger(args: argparse.Namespace) -> Union[tuple[str, "Ledger"], None, int]:

@@ -168,7 +168,6 @@ def build_rules(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
-    del args.func  # not an option
     text = yaml.safe_dump(build_rules(args), sort_keys=False, width=10_000, allow_unicode=False)
     sys.stdout.write(text)
     return 0

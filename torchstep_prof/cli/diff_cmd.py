@@ -36,23 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..traces.analysis.diff import diff_to_dict
-
-    result = compare(parser, args)
-    if isinstance(result, int):
-        return result
-    if args.json:
-        json.dump(diff_to_dict(result, top=args.top), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print_tables(result, args.top)
-    _tracedir.report_unreadable(result.skipped)
-    return _tracedir.EXIT_OK
-
-
-def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """The :class:`~torchstep_prof.traces.analysis.diff.DiffResult` the arguments ask for, or an exit code."""
-    from ..traces.analysis.diff import diff_traces
+    from ..traces.analysis.diff import diff_to_dict, diff_traces
 
     if args.test is None and len(args.step) != 2:
         parser.error("give two folders (BASE TEST), or one folder and two steps (--step A --step B)")
@@ -67,7 +51,14 @@ def compare(parser: argparse.ArgumentParser, args: argparse.Namespace):
         if isinstance(infos, int):
             return infos
         traces.append(infos)
-    return diff_traces(traces[0], traces[1], base_label=sides[0][2], test_label=sides[1][2])
+    result = diff_traces(traces[0], traces[1], base_label=sides[0][2], test_label=sides[1][2])
+    if args.json:
+        json.dump(diff_to_dict(result, top=args.top), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_tables(result, args.top)
+    _tracedir.report_unreadable(result.skipped)
+    return _tracedir.EXIT_OK
 
 
 def _print_tables(result, top: int) -> None:

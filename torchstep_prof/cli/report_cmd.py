@@ -92,7 +92,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         spans_warning=spans_warning,
     )
     try:
-        _write(args.output, render_page(report, plotlyjs))
+        # Under a new temporary name, then renamed: a reader never sees half a page, and a link
+        # planted in the (maybe shared) trace folder is never written through.
+        replace_exclusively(os.path.abspath(args.output), render_page(report, plotlyjs).encode("utf-8"))
     except OSError as exc:
         _tracedir.error(f"cannot write {args.output}: {exc.strerror or exc}")
         return _tracedir.EXIT_FAILED
@@ -114,9 +116,3 @@ def _filter_words(args: argparse.Namespace) -> list[str]:
         for value in getattr(args, name):
             words.append(f"--{name} {value}")
     return words
-
-
-def _write(path: str, text: str) -> None:
-    """Write under a new temporary name, then rename: a reader never sees half a page, and a
-    link planted in the (maybe shared) trace folder is never written through."""
-    replace_exclusively(os.path.abspath(path), text.encode("utf-8"))

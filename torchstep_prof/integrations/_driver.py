@@ -93,10 +93,6 @@ class StepDriver:
         self.step_number: Optional[int] = None
         self._regions: dict[str, contextlib.ExitStack] = {}
 
-    @property
-    def running(self) -> bool:
-        return self._outer is not None
-
     def start(self) -> None:
         """Enter the scopes (training begins); a run left open before is closed first."""
         self.close()

@@ -24,7 +24,7 @@ without a span log aligns its actors too); ``torchstep-prof timeline`` pairs the
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import ray
 
@@ -91,20 +91,14 @@ def anchored(fn: F) -> F:
     )
 
 
-class _Ran:
-    """One run of an anchored task: its id and start, noted on exit with its end."""
-
-    __slots__ = ("task", "start")
-
-    def __init__(self, task: str) -> None:
-        self.task = task
-        self.start = 0.0
-
-    def __enter__(self) -> None:
-        self.start = _perf()
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        _note("ran", self.task, self.start, _perf())
+@contextlib.contextmanager
+def _ran(task: str) -> Iterator[None]:
+    """One run of an anchored task: its start, noted at its end (a raise included)."""
+    start = _perf()
+    try:
+        yield
+    finally:
+        _note("ran", task, start, _perf())
 
 
 _NOTHING = contextlib.nullcontext()  # shared: it holds nothing
@@ -121,7 +115,7 @@ def _task_run() -> Any:
         task = ray.get_runtime_context().get_task_id()
     except Exception:  # not in a task (called directly, in the driver): nothing to pair
         task = None
-    return _NOTHING if not isinstance(task, str) else _Ran(task)
+    return _NOTHING if not isinstance(task, str) else _ran(task)
 
 
 MAX_PENDING = 1 << 16

@@ -38,21 +38,9 @@ from ..selection.frames import Frame
 from ..selection.rules import StepAction
 from ..selection.step_meaning import RunCounting, counting_run
 from .open_ranges import RangeWatch
-from .step_on import StepOn
+from .step_on import StepOn, install_source
 
-__all__ = ["ModuleRegion", "StepDriver", "current_step", "parse_region"]
-
-_DRIVER: list = []  # the one StepDriver of the process, while a run runs
-
-
-def current_step() -> Optional[int]:
-    """The step the script is in under ``torchstep-prof run`` (boundaries seen + 1, counted as
-    ``--step-every`` groups them); ``None`` outside a run.
-
-    >>> current_step() is None
-    True
-    """
-    return _DRIVER[0].step_now if _DRIVER else None
+__all__ = ["ModuleRegion", "StepDriver", "parse_region"]
 
 
 @attrs.frozen(kw_only=True)
@@ -100,7 +88,6 @@ class StepDriver:
         self.main_names = main_names
         self.regions = {r.class_name: r for r in regions}
         self.calls = 0  # boundary events so far
-        self.step_now = 1  # the step the script is in
         self._pending: Optional[int] = None  # a boundary passed: the step to begin once ranges close
         self._open_step: Optional[contextlib.ExitStack] = None
         self._open_number = 0
@@ -110,11 +97,11 @@ class StepDriver:
         self._first_recorded = 0  # the first step recorded: the summary's example
         self._skipped: list[tuple[int, str]] = []  # (step, the range that kept it from starting)
         self._remove_source: Optional[Callable[[], None]] = None
-        self._forward_pre: Any = None
-        self._forward_post: Any = None
+        self._module_hooks: list[Any] = []  # the forward pre- and post-hooks' handles, while on
         self._failed = False
         self._owner = threading.get_ident()
-        self._watch = RangeWatch(self._owner, on_closed=self._ranges_closed, on_opened=self._range_opening)
+        self._counting = RunCounting(boundary=step_on.boundary(), every=step_every)
+        self._watch = RangeWatch(self._owner, on_ready=self._ranges_done)
         # Metrics on: every step is timed, boundary to boundary (a selected step's block times itself).
         self._timed = frame.metrics is not None
         self._step_t0 = _recorder._perf() if self._timed else 0.0
@@ -124,11 +111,10 @@ class StepDriver:
     # --- installation ---------------------------------------------------------------------
 
     def install(self) -> None:
-        _DRIVER[:] = [self]
-        counting_run(RunCounting(boundary=self.step_on.boundary(), every=self.step_every))
-        self._remove_source = _install_source(self.step_on, self._on_boundary, self._owner, self.main_names)
+        counting_run(self._counting)
+        self._remove_source = install_source(self.step_on, self._on_boundary, self._owner, self.main_names)
         if self._always_hooked:
-            self._set_module_hooks(pre=True, post=True)
+            self._set_module_hooks(True)
         self._guarded(self._begin, 1)
 
     def close(self) -> None:
@@ -149,27 +135,24 @@ class StepDriver:
                         "ended it; its trace was not written",
                     )
         finally:
-            while self._open_regions:  # timed forwards the script left open (it raised): not logged
-                self._open_regions.pop()
-            self._set_module_hooks(pre=False, post=False)
+            self._open_regions.clear()  # timed forwards the script left open (it raised): not logged
+            self._set_module_hooks(False)
             self._watch.remove()
             if self._remove_source is not None:
                 self._remove_source()
                 self._remove_source = None
-            _DRIVER.clear()
             counting_run(None)
-        counting = RunCounting(boundary=self.step_on.boundary(), every=self.step_every)
         example = self._first_recorded or 1
         STORE.add_attention(
             "run-step-on",
             f"torchstep-prof run: a step ended at {self.step_on.describe()}"
             + (f", {self.step_every} to a step" if self.step_every > 1 else "")
-            + f", from step 1; {counting.sentence(example)}",
+            + f", from step 1; {self._counting.sentence(example)}",
         )
         if not seen:
             STORE.add_attention(
                 "run-no-step",
-                f"torchstep-prof run: no step boundary was seen (no {self.step_on.describe()[5:]}"
+                f"torchstep-prof run: no step boundary was seen (no {self.step_on.boundary()}"
                 + (f", or fewer than --step-every {self.step_every}" if self.step_every > 1 else "")
                 + "): nothing was profiled",
             )
@@ -196,7 +179,6 @@ class StepDriver:
         if self.calls % self.step_every:
             return  # inside a --step-every group: not a boundary
         ended = self.calls // self.step_every
-        self.step_now = ended + 1
         if self._timed:
             now = _recorder._perf()
             if self._open_step is None:  # no step block times this step
@@ -216,15 +198,13 @@ class StepDriver:
             self._transition()
         self._pending = following
         if self._watch.current:
-            self._watch.waiting = True  # _ranges_closed or _range_opening carries it out
+            self._watch.waiting = True  # _ranges_done carries it out
         else:
             self._transition()
 
-    def _ranges_closed(self) -> None:
-        self._guarded(self._transition)
-
-    def _range_opening(self) -> None:
-        # The next step's work opens a range while one from before the boundary is still open.
+    def _ranges_done(self) -> None:
+        # The ranges the step opened have closed, or the next step's work opens a range while
+        # one from before the boundary is still open.
         self._guarded(self._transition)
 
     def _transition(self) -> None:
@@ -270,7 +250,7 @@ class StepDriver:
         self._recorded_steps += 1
         self._first_recorded = self._first_recorded or number
         if self.regions:
-            self._set_module_hooks(pre=True, post=True)
+            self._set_module_hooks(True)
 
     @staticmethod
     def _requested(number: int) -> bool:
@@ -302,22 +282,20 @@ class StepDriver:
             if stack is not None:
                 stack.close()
             if not self._always_hooked:
-                self._set_module_hooks(pre=False, post=False)
+                self._set_module_hooks(False)
 
     # --- module hooks: regions -----------------------------------------------------------------
 
-    def _set_module_hooks(self, *, pre: bool, post: bool) -> None:
-        if pre and self._forward_pre is None:
-            self._forward_pre = _module_hooks.register_module_forward_pre_hook(self._on_forward_pre)
-        elif not pre and self._forward_pre is not None:
-            self._forward_pre.remove()
-            self._forward_pre = None
-        if post and self._forward_post is None:
-            # always_call: a forward that raises still closes its region.
-            self._forward_post = _module_hooks.register_module_forward_hook(self._on_forward_post, always_call=True)
-        elif not post and self._forward_post is not None:
-            self._forward_post.remove()
-            self._forward_post = None
+    def _set_module_hooks(self, on: bool) -> None:
+        if on and not self._module_hooks:
+            self._module_hooks = [
+                _module_hooks.register_module_forward_pre_hook(self._on_forward_pre),
+                # always_call: a forward that raises still closes its region.
+                _module_hooks.register_module_forward_hook(self._on_forward_post, always_call=True),
+            ]
+        elif not on:
+            while self._module_hooks:
+                self._module_hooks.pop().remove()
 
     def _on_forward_pre(self, module: Any, args: Any) -> None:
         if (self._open_step is None and not self._always_hooked) or threading.get_ident() != self._owner:
@@ -332,15 +310,14 @@ class StepDriver:
             # Spans or metrics on, no step recording: timed only. Not profile_region, whose rule
             # could start a trace of the region's own in a step this driver chose not to record.
             stack.enter_context(timed_and_shown(self.frame, region.role, region.stage))
-            self._open_regions.append((module, stack))
-            return
-        self._watch.ignoring = True
-        try:
-            stack.enter_context(profile_region(region.role, region.stage))
-        finally:
-            self._watch.ignoring = False
+        else:
+            self._watch.ignoring = True
+            try:
+                stack.enter_context(profile_region(region.role, region.stage))
+            finally:
+                self._watch.ignoring = False
+            self._seen_classes.add(region.class_name)
         self._open_regions.append((module, stack))
-        self._seen_classes.add(region.class_name)
 
     def _on_forward_post(self, module: Any, args: Any, output: Any) -> None:
         open_regions = self._open_regions
@@ -361,10 +338,3 @@ class StepDriver:
             if not self._failed:
                 self._failed = True
                 warn(f"torchstep_prof run: profiling a step failed ({exc!r}); training goes on", TorchstepProfWarning)
-
-
-def _install_source(step_on: StepOn, on_boundary: Callable[[], None], owner: int,
-                    main_names: tuple[str, ...]) -> Callable[[], None]:  # fmt: skip
-    from .step_on import install_source
-
-    return install_source(step_on, on_boundary, owner, main_names)

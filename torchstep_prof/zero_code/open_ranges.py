@@ -23,12 +23,12 @@ __all__ = ["RangeWatch"]
 class RangeWatch:
     """Open ranges of thread ``owner``: ``{id(range): (name, opened_while_recording, step)}``.
 
-    ``on_closed`` runs (in the owner thread) when the last range opened in the current step
-    closes while ``waiting``; ``on_opened`` runs just before a range opens while ``waiting`` (the next step's
-    work begins before the old ranges closed: an outer range, an epoch's, stays open).
+    While ``waiting``, ``on_ready`` runs (in the owner thread) when the last range opened in the
+    current step closes, or just before a range opens (the next step's work begins before the
+    old ranges closed: an outer range, an epoch's, stays open).
     """
 
-    def __init__(self, owner: int, on_closed: Callable[[], None], on_opened: Callable[[], None]) -> None:
+    def __init__(self, owner: int, on_ready: Callable[[], None]) -> None:
         self.owner = owner
         self.open: dict[int, tuple[str, bool, int]] = {}  # id -> (name, while recording, step index)
         self.step_index = 0  # advanced by new_step(): a step waits only for its own ranges
@@ -36,8 +36,7 @@ class RangeWatch:
         self.waiting = False
         self.recording = False  # a trace of ours records now: ranges opened now are unsafe later
         self.ignoring = False  # our own ranges (the step's ProfilerStep#<n>, regions) are not watched
-        self._on_closed = on_closed
-        self._on_opened = on_opened
+        self._on_ready = on_ready
         self._saved: Optional[tuple[Any, Any]] = None
 
     @property
@@ -68,7 +67,7 @@ class RangeWatch:
             if watch.ignoring or get_ident() != owner:
                 return enter(rf)
             if watch.waiting:
-                watch._on_opened()
+                watch._on_ready()
             result = enter(rf)
             opened[id(rf)] = (getattr(rf, "name", "?"), watch.recording, watch.step_index)
             watch.current += 1
@@ -80,7 +79,7 @@ class RangeWatch:
             if entry is not None and entry[2] == watch.step_index:
                 watch.current -= 1
                 if not watch.current and watch.waiting:
-                    watch._on_closed()
+                    watch._on_ready()
             return result
 
         # ignores: functools-style markers on functions, and the class's methods patched on purpose.

@@ -10,12 +10,13 @@ script's frames (after runpy's for a module), none of the command line's that le
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import runpy
 import sys
 import types
 from importlib.machinery import SourceFileLoader
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 __all__ = ["ScriptNotFound", "check_module", "check_script", "run_module", "run_script"]
 
@@ -123,17 +124,14 @@ def _set_path0(folder: str) -> None:
         sys.path.insert(0, folder)
 
 
-class _path0:
-    def __init__(self, folder: str) -> None:
-        self._folder = folder
-        self._saved: Optional[list[str]] = None
-
-    def __enter__(self) -> None:
-        self._saved = list(sys.path)
-        _set_path0(self._folder)
-
-    def __exit__(self, *exc_info: Any) -> None:
-        sys.path[:] = self._saved or []
+@contextlib.contextmanager
+def _path0(folder: str) -> Iterator[None]:
+    saved = list(sys.path)
+    _set_path0(folder)
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
 
 
 # --- tracebacks -------------------------------------------------------------------------------

@@ -157,13 +157,12 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
         self.owner = threading.get_ident()
         self.main_names = main_names
         self.undo: list[Callable[[], None]] = []
-        self.found = False
         self._tracing = False
 
     def install(self) -> Callable[[], None]:
         module = self.step_on.module
         if module in sys.modules and module not in self.main_names:
-            self._wrap_in(sys.modules[module])
+            self._wrap_in(vars(sys.modules[module]))
         elif module not in self.main_names:
             sys.meta_path.insert(0, self)
             self.undo.append(lambda: sys.meta_path.remove(self) if self in sys.meta_path else None)
@@ -206,7 +205,7 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module: Any) -> None:
                 loader.exec_module(module)
-                source._wrap_in(module)
+                source._wrap_in(vars(module))
 
             def __getattr__(self, name: str) -> Any:  # get_source, resource readers...
                 return getattr(loader, name)
@@ -218,8 +217,10 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
         source = self
 
         def local(frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and source._wrap_in_dict(frame.f_globals):
-                source._stop_tracing(frame)
+            if event == "line" and source._wrap_in(frame.f_globals):
+                sys.settrace(None)
+                source._tracing = False
+                frame.f_trace = None
                 return None
             return local
 
@@ -233,15 +234,7 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
         self._tracing = True
         sys.settrace(global_trace)
 
-    def _stop_tracing(self, frame: Any) -> None:
-        sys.settrace(None)
-        self._tracing = False
-        frame.f_trace = None
-
-    def _wrap_in(self, module: Any) -> None:
-        self._wrap_in_dict(vars(module))
-
-    def _wrap_in_dict(self, namespace: dict) -> bool:
+    def _wrap_in(self, namespace: dict) -> bool:
         head, *rest = self.step_on.qualname.split(".")
         owner: Any = None
         target = namespace.get(head)
@@ -267,5 +260,4 @@ class _FunctionSource(importlib.abc.MetaPathFinder):
         else:
             setattr(owner, name, wrapped)
             self.undo.append(lambda: setattr(owner, name, target))
-        self.found = True
         return True

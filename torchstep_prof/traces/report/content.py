@@ -20,7 +20,6 @@ from ..analysis.collectives import CollectiveWaits, find_waits
 from ..analysis.diff import DiffResult
 from ..analysis.findings import FINDINGS_DEPTH, Finding, find_findings
 from ..analysis.memory import RegionMemory, find_memory
-from ...naming import parse_trace_name
 from ...timeline.ledger import Ledger
 from ..analysis.runs import OtherRun
 from ..analysis.summarize import DEFAULT_STRAGGLER_RATIO, Summary, summarize, trim_summary
@@ -148,11 +147,11 @@ def _bars(info: TraceInfo) -> list[TimelineBar]:
         step=info.step,
         occurrence=info.occurrence,
         rank=info.rank,
-        pid=pid_of(info),
+        pid=info.pid,
         file=info.path,
         start_ns=start_ns,
         wall_ms=info.wall_ms,
-        whole_step=bool(getattr(info, "regions", ())),
+        whole_step=bool(info.regions),
     )
     regions = [
         attrs.evolve(
@@ -164,7 +163,7 @@ def _bars(info: TraceInfo) -> list[TimelineBar]:
             wall_ms=span.wall_ms,
             whole_step=False,
         )
-        for span in getattr(info, "regions", ())
+        for span in info.regions
     ]
     return [trace, *regions]
 
@@ -172,17 +171,6 @@ def _bars(info: TraceInfo) -> list[TimelineBar]:
 def _bar_order(bar: TimelineBar) -> tuple[int, int, int, bool, int]:
     # A fused trace's whole step first: drawn first, it lies under its regions.
     return (bar.step, bar.rank, bar.pid if bar.pid is not None else -1, not bar.whole_step, bar.start_ns)
-
-
-def pid_of(info: TraceInfo) -> Optional[int]:
-    """A trace's process id: the scanned one when the reader records it, else the file name's."""
-    pid = getattr(info, "pid", None)
-    if isinstance(pid, int):
-        return pid
-    try:
-        return parse_trace_name(info.path).pid
-    except ValueError:
-        return None
 
 
 def _region_ops(infos: Sequence[TraceInfo], top: int) -> Tuple[RegionOps, ...]:
@@ -199,9 +187,9 @@ def _region_ops(infos: Sequence[TraceInfo], top: int) -> Tuple[RegionOps, ...]:
             region[op.name] = region.get(op.name, 0.0) + op.self_ms
 
     for info in infos:
-        fused = bool(getattr(info, "regions", ()) or getattr(info, "region_ops", ()))
+        fused = bool(info.regions or info.region_ops)
         add((info.role, info.stage, fused), info.top_ops)
-        for region in getattr(info, "region_ops", ()):
+        for region in info.region_ops:
             add((region.role, region.stage, False), region.ops)
     regions = []
     for key in sorted(totals, key=lambda k: (k[2], k[0], k[1])):

@@ -8,41 +8,31 @@ data gets no section (and no figure).
 
 from __future__ import annotations
 
-import html
-from typing import Any, Callable
+from typing import Any
 
 from ..analysis.collectives import describe_waits
 from ..analysis.memory import MIB, describe_memory
 from .content import Report
-from .text import AXIS_LABEL_CHARS, axis_labels, label_margin
+from .template import Chart, layout
+from .text import AXIS_LABEL_CHARS, axis_labels, escape, label_margin
 
 __all__ = ["baseline_section", "memory_section", "waits_section"]
-
-Chart = Callable[[dict[str, Any], str], str]
 
 _COLORS = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#72B7B2", "#EECA3B", "#9D755D", "#FF9DA6")
 DIFF_ROWS = 20
 """Operator rows of the baseline section (largest change first)."""
 
 
-def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
-
-
 def _layout(height: int = 280, **extra: Any) -> dict[str, Any]:
-    layout = {
-        "margin": {"l": 70, "r": 20, "t": 30, "b": 50},
-        "height": height,
-        "template": None,
-        "plot_bgcolor": "#ffffff",
-        "paper_bgcolor": "#ffffff",
-        "font": {"family": "system-ui, sans-serif", "size": 12},
-        "barmode": "group",
-        "showlegend": True,
-        "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
-    }
-    layout.update(extra)
-    return layout
+    return layout(
+        **{
+            "margin": {"l": 70, "r": 20, "t": 30, "b": 50},
+            "height": height,
+            "barmode": "group",
+            "legend": True,
+            **extra,
+        }
+    )
 
 
 def waits_section(report: Report, chart: Chart) -> str:
@@ -54,11 +44,10 @@ def waits_section(report: Report, chart: Chart) -> str:
     ranks = sorted({r.rank for w in report.waits for r in w.ranks})
     data = []
     for index, rank in enumerate(ranks):
-        totals = []
-        for step in steps:
-            totals.append(
-                round(sum(r.wait_ms for w in report.waits if w.step == step for r in w.ranks if r.rank == rank), 3)
-            )
+        totals = [
+            round(sum(r.wait_ms for w in report.waits if w.step == step for r in w.ranks if r.rank == rank), 3)
+            for step in steps
+        ]
         data.append(
             {
                 "type": "bar",
@@ -76,7 +65,7 @@ def waits_section(report: Report, chart: Chart) -> str:
             yaxis={"title": {"text": "wait in collectives, ms"}, "rangemode": "tozero"},
         ),
     }
-    items = "".join(f"<li>{_e(describe_waits(w))}</li>" for w in report.waits)
+    items = "".join(f"<li>{escape(describe_waits(w))}</li>" for w in report.waits)
     return (
         '<section id="waits"><h2>Collective waits</h2>'
         '<p class="meta">Collectives matched across the ranks of each group by name and order; a '
@@ -121,7 +110,7 @@ def memory_section(report: Report, chart: Chart) -> str:
             yaxis={"title": {"text": "MiB"}},
         ),
     }
-    items = "".join(f"<li>{_e(describe_memory(m))}</li>" for m in report.memory)
+    items = "".join(f"<li>{escape(describe_memory(m))}</li>" for m in report.memory)
     return (
         '<section id="memory"><h2>Memory per region</h2>'
         '<p class="meta">From the traces\' [memory] events (tsp.contents("memory")): the peak '
@@ -163,18 +152,18 @@ def baseline_section(report: Report, chart: Chart) -> str:
         ),
     }
     region_rows = "".join(
-        f"<tr><td>{_e(r.region)}</td><td>{_ms(r.base_ms)}</td><td>{_ms(r.test_ms)}</td><td>{r.delta_ms:+.2f}</td></tr>"
+        f"<tr><td>{escape(r.region)}</td><td>{_ms(r.base_ms)}</td><td>{_ms(r.test_ms)}</td><td>{r.delta_ms:+.2f}</td></tr>"
         for r in diff.regions
     )
     op_rows = "".join(
-        f"<tr><td>{_e(o.region)}</td><td>{_e(o.name)}</td><td>{o.base_ms:.2f}</td>"
+        f"<tr><td>{escape(o.region)}</td><td>{escape(o.name)}</td><td>{o.base_ms:.2f}</td>"
         f"<td>{o.test_ms:.2f}</td><td>{o.delta_ms:+.2f}</td>"
         f"<td>{o.base_count:g} &rarr; {o.test_count:g}</td><td>{'' if o.status == 'changed' else o.status}</td></tr>"
         for o in ops
     )
     return (
         '<section id="baseline"><h2>Against the baseline</h2>'
-        f'<p class="meta">Baseline <code>{_e(diff.base)}</code>, this report <code>{_e(diff.test)}</code>; '
+        f'<p class="meta">Baseline <code>{escape(diff.base)}</code>, this report <code>{escape(diff.test)}</code>; '
         "means per trace, largest change first.</p>"
         '<table class="diff"><thead><tr><th>region</th><th>baseline ms</th><th>ms</th><th>delta ms</th>'
         f"</tr></thead><tbody>{region_rows}</tbody></table>"

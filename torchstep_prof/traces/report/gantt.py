@@ -14,13 +14,14 @@ each goes through ``rendering.safe_text`` and is escaped for the page (:mod:`.te
 from __future__ import annotations
 
 import math
-from typing import AbstractSet, Any, Callable, Sequence
+from typing import AbstractSet, Any, Sequence
 
 from ...rendering import safe_text
 from ...timeline.ledger import Gap, Ledger, ProcessStep, StepLedger, format_seconds
 from ...timeline.output import MAX_VERDICTS
 from .content import Report
 from .steps import COLORS
+from .template import Chart, layout
 from .text import escape, label_margin
 
 __all__ = ["GANTT_ROWS", "GANTT_STEPS", "gantt_figure", "gantt_section", "gap_label", "rows_drawn", "steps_drawn"]
@@ -34,22 +35,21 @@ IDLE_TEXT = "#444444"
 PATH = "#111111"
 _MAX_PROBLEMS = 20
 
-Chart = Callable[[dict[str, Any], str], str]
 
-
-def gantt_section(report: Report, chart: Chart, layout: Callable[..., dict]) -> str:
+def gantt_section(report: Report, chart: Chart) -> str:
     """The section: what was read, the verdicts, then a Gantt per slowest step; "" without spans."""
     ledger = report.timeline
     if ledger is None:
         return ""
     folder = report.spans or "?"
     hosts = {p.host for p in ledger.processes}
+    unaligned = [p.name for p in ledger.processes if not math.isfinite(p.bound_s)]
     out = ['<section id="timeline"><h2>Every process, step by step</h2>']
     if report.spans_warning:
         out.append(f'<p class="warning">Warning: {_e(report.spans_warning)}.</p>')
     out += [
         f'<p class="meta">From the span files in <code>{_e(folder)}</code>: {len(ledger.processes)} process(es) '
-        f"on {len(hosts)} host(s), {len(ledger.steps)} step(s). {_e(_clock_words(ledger))}</p>",
+        f"on {len(hosts)} host(s), {len(ledger.steps)} step(s). {_e(_clock_words(ledger, unaligned))}</p>",
     ]
     steps = ledger.steps
     if not steps:
@@ -73,10 +73,9 @@ def gantt_section(report: Report, chart: Chart, layout: Callable[..., dict]) -> 
             "gaps shaded and labelled with what they waited for (hover for the whole label), the critical "
             f"path as a black line. <code>torchstep-prof timeline {_e(folder)} --step N</code> prints any step.</p>"
         )
-    names = {p.name: p for p in ledger.processes}
     for step in drawn:
         out.append(f'<div class="card gantt" id="timeline-step-{step.number}"><h3>{_e(step.verdict)}</h3>')
-        out.append(chart(gantt_figure(step, layout, unaligned=_unaligned(names)), "gantt"))
+        out.append(chart(gantt_figure(step, unaligned=set(unaligned)), "gantt"))
         left_out = len(step.processes) - len(rows_drawn(step))
         if left_out:
             out.append(
@@ -109,7 +108,7 @@ def _e(text: object) -> str:
     return escape(safe_text(str(text)))
 
 
-def _clock_words(ledger: Ledger) -> str:
+def _clock_words(ledger: Ledger, unaligned: Sequence[str]) -> str:
     if not ledger.processes:
         return "No usable span file: nothing to draw."
     finite = [p.bound_s for p in ledger.processes if math.isfinite(p.bound_s)]
@@ -117,14 +116,9 @@ def _clock_words(ledger: Ledger) -> str:
         f"One clock, {ledger.reference}'s: every other process's offset is estimated from clock anchors, "
         f"right within {format_seconds(max(finite, default=0.0))}."
     )
-    unaligned = [p.name for p in ledger.processes if not math.isfinite(p.bound_s)]
     if unaligned:
         text += f" Not aligned (no anchor links them; their order against the others is not stated): {', '.join(unaligned)}."
     return text
-
-
-def _unaligned(names: dict[str, Any]) -> set[str]:
-    return {name for name, p in names.items() if not math.isfinite(p.bound_s)}
 
 
 def gap_label(gap: Gap) -> str:
@@ -147,9 +141,7 @@ def _stated_gaps(p: ProcessStep) -> list[Gap]:
     return [g for g in p.gaps if not (g.seconds <= p.idle_error_s and (g.at_step_end or g.start_s == 0.0))]
 
 
-def gantt_figure(
-    step: StepLedger, layout: Callable[..., dict], *, unaligned: AbstractSet[str] = frozenset()
-) -> dict[str, Any]:
+def gantt_figure(step: StepLedger, *, unaligned: AbstractSet[str] = frozenset()) -> dict[str, Any]:
     """A plotly figure of one step: a row per process drawn (:func:`rows_drawn`), first on top
     (plain data, text not yet escaped)."""
     drawn = rows_drawn(step)
@@ -212,8 +204,7 @@ def gantt_figure(
         "layout": layout(
             height=max(180, 110 + 34 * len(labels)),
             barmode="overlay",
-            showlegend=True,
-            legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+            legend=True,
             uniformtext={"mode": "hide", "minsize": 9},  # a label that does not fit its gap is left to the hover
             margin={"l": label_margin(labels) + 12, "r": 30, "t": 40, "b": 45},
             xaxis={"title": {"text": f"ms since step {step.number}'s start"}, "rangemode": "tozero"},

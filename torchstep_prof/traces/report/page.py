@@ -8,6 +8,7 @@ plotly is imported only here, and only by ``torchstep-prof report``.
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import os
 import statistics
@@ -22,15 +23,13 @@ from .content import Report, TimelineBar
 from .diagnosis import baseline_section, memory_section, waits_section
 from .gantt import gantt_section
 from .steps import region_colors, steps_section, timeline_figure
-from .template import PAGE, SCRIPT, STYLE
+from .template import PAGE, SCRIPT, STYLE, Chart, layout
 from ...rendering import safe_text
 from .text import axis_labels, chart_text, escape as _e, label_margin, script_json
 from ..analysis.runs import OtherRun
 from ..analysis.summarize import STRAGGLER_MIN_MS, GroupSummary
 
-__all__ = ["INSTALL_HINT", "PlotlyMissing", "load_plotlyjs", "render_page"]
-
-INSTALL_HINT = "pip install 'plotly>=5.5,<8' (the [report] extra)"
+__all__ = ["PlotlyMissing", "load_plotlyjs", "render_page"]
 
 _BAR = "#4C78A8"
 _STRAGGLER = "#D62728"
@@ -45,7 +44,10 @@ def load_plotlyjs() -> str:
     try:
         from plotly.offline import get_plotlyjs
     except ImportError as exc:
-        raise PlotlyMissing(f"the report draws its charts with plotly, which is not installed: {INSTALL_HINT}") from exc
+        raise PlotlyMissing(
+            "the report draws its charts with plotly, which is not installed: "
+            "pip install 'plotly>=5.5,<8' (the [report] extra)"
+        ) from exc
     return get_plotlyjs()
 
 
@@ -67,11 +69,11 @@ def render_page(report: Report, plotlyjs: str) -> str:
     one_rank = len({b.rank for b in report.bars}) == 1
     body = [_header(report), _findings(report, one_rank)]
     # The job's span files, when found: every process of the job on one clock, step by step.
-    body.append(gantt_section(report, chart, _layout))
+    body.append(gantt_section(report, chart))
     # The diagnosis sections (each only when there is something to show) come next.
     body += [waits_section(report, chart), memory_section(report, chart), baseline_section(report, chart)]
     if one_rank:
-        body.append(steps_section(report, chart, _layout))
+        body.append(steps_section(report, chart))
     else:
         body += _rank_sections(report, chart)
     body.append('<section id="regions"><h2>Top operators by region</h2><div class="grid">')
@@ -94,7 +96,7 @@ def render_page(report: Report, plotlyjs: str) -> str:
     )
 
 
-def _rank_sections(report: Report, chart: Any) -> list[str]:
+def _rank_sections(report: Report, chart: Chart) -> list[str]:
     """Per step: its timeline, a row per rank and process (on the job's clock when the span
     files give each process's offset, as ``merge`` moves them), and a card per group."""
     colors = region_colors(report.bars)
@@ -122,15 +124,15 @@ def _rank_sections(report: Report, chart: Any) -> list[str]:
                 "Each trace on its own host's wall clock: the clocks are unaligned (hosts may disagree by "
                 "milliseconds or more); the job's span files (--spans) put every rank on one clock."
             )
-        out.append(chart(timeline_figure(rows, colors, own_clock=False, layout=_layout), "timeline"))
+        out.append(chart(timeline_figure(rows, colors, own_clock=False), "timeline"))
         out.append(f'<p class="meta clocks">{_e(safe_text(words))}</p>')
         out.append('<div class="grid">')
         for group in (g for g in report.summary.groups if g.step == step):
             out.append(
-                f'<div class="card" id="{_group_id(group)}">'
+                f'<div class="card" id="{_anchor(group.role, group.stage, group.step, group.occurrence)}">'
                 f"<h3>{_e(_group_title(group))}</h3>"
-                f'<p class="meta">{_e(_group_meta(group, report))}</p>'
-                + chart(_group_figure(group, report), "group")
+                f'<p class="meta">{_e(_group_meta(group))}</p>'
+                + chart(_group_figure(group), "group")
                 + _ops_table(group)
                 + "</div>"
             )
@@ -219,22 +221,18 @@ def _group_title(group: GroupSummary) -> str:
     return title + (f" #{occurrence}" if occurrence != 1 else "")
 
 
-def _group_meta(group: GroupSummary, report: Report) -> str:
+def _group_meta(group: GroupSummary) -> str:
     text = f"{len(group.ranks)} rank(s), median {group.median_ms:.1f} ms"
     if group.straggler is not None:
         slow = max(r.wall_ms for r in group.ranks if r.rank == group.straggler)
         ratio = slow / group.median_ms if group.median_ms > 0 else float("inf")
         text += f", straggler: rank {group.straggler} ({ratio:.2f}x)"
-    return text + _gpu_meta(group)
-
-
-def _gpu_meta(group: GroupSummary) -> str:
-    """The group's GPU time beside its wall time: the median over the ranks whose traces hold
-    kernels (traces/gpu_time.py); nothing when none does."""
-    values = [r.gpu_ms for r in group.ranks if r.gpu_ms is not None]
-    if not values:
-        return ""
-    return f", GPU (kernels inside the region) median {statistics.median(values):.1f} ms"
+    # The GPU time beside the wall time: the median over the ranks whose traces hold kernels
+    # (traces/gpu_time.py); nothing when none does.
+    gpu = [r.gpu_ms for r in group.ranks if r.gpu_ms is not None]
+    if gpu:
+        text += f", GPU (kernels inside the region) median {statistics.median(gpu):.1f} ms"
+    return text
 
 
 def _ops_table(group: GroupSummary) -> str:
@@ -250,21 +248,7 @@ def _ops_table(group: GroupSummary) -> str:
 # --- the figures (plotly JSON specs) ----------------------------------------------------------
 
 
-def _layout(**extra: Any) -> dict[str, Any]:
-    layout = {
-        "margin": {"l": 60, "r": 20, "t": 10, "b": 40},
-        "height": 260,
-        "template": None,
-        "plot_bgcolor": "#ffffff",
-        "paper_bgcolor": "#ffffff",
-        "font": {"family": "system-ui, sans-serif", "size": 12},
-        "showlegend": False,
-    }
-    layout.update(extra)
-    return layout
-
-
-def _group_figure(group: GroupSummary, report: Report) -> dict[str, Any]:
+def _group_figure(group: GroupSummary) -> dict[str, Any]:
     labels = _rank_labels(group)
     straggling = [r.rank == group.straggler and r.wall_ms == group.max_ms for r in group.ranks]
     ratios = [r.wall_ms / group.median_ms if group.median_ms > 0 else 1.0 for r in group.ranks]
@@ -301,7 +285,7 @@ def _group_figure(group: GroupSummary, report: Report) -> dict[str, Any]:
             )  # fmt: skip
     return {
         "data": [bar],
-        "layout": _layout(
+        "layout": layout(
             margin={"l": 60, "r": 20, "t": 24, "b": 40},
             xaxis={"type": "category", "title": {"text": "rank"}},
             # Headroom above the tallest bar for the straggler and median labels.
@@ -323,15 +307,12 @@ def _group_figure(group: GroupSummary, report: Report) -> dict[str, Any]:
 
 
 def _rank_labels(group: GroupSummary) -> list[str]:
-    counts: dict[int, int] = {}
-    for r in group.ranks:
-        counts[r.rank] = counts.get(r.rank, 0) + 1
+    counts = collections.Counter(r.rank for r in group.ranks)
     labels = []
     for r in group.ranks:
         label = f"rank {r.rank}"
         if counts[r.rank] > 1:  # several runs in the folder: tell the rows apart by process
-            pid = getattr(r, "pid", None)
-            label += f" pid {pid}" if pid is not None else f" {os.path.basename(r.path)}"
+            label += f" pid {r.pid}" if r.pid is not None else f" {os.path.basename(r.path)}"
         labels.append(label)
     return labels
 
@@ -367,7 +348,7 @@ def _region_figure(region: Any) -> dict[str, Any]:
                 "hovertemplate": "%{y}: %{x:.3f} ms self time per trace<extra></extra>",
             }
         ],
-        "layout": _layout(
+        "layout": layout(
             height=max(160, 60 + 22 * len(ops)),
             margin={"l": label_margin(labels), "r": 30, "t": 10, "b": 40},
             xaxis={"title": {"text": "self ms"}, "rangemode": "tozero"},
@@ -386,10 +367,6 @@ def _region_figure(region: Any) -> dict[str, Any]:
 
 
 # --- helpers -------------------------------------------------------------------------------
-
-
-def _group_id(group: GroupSummary) -> str:
-    return _anchor(group.role, group.stage, group.step, group.occurrence)
 
 
 def _anchor(role: str, stage: str, step: int, occurrence: int) -> str:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import datetime as dt
 import os
 import statistics
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from .content import Report, TimelineBar
-from .text import escape
+from .template import Chart, layout
+from .text import escape, label_margin
 
 __all__ = ["COLORS", "TIMELINE_STEPS", "WHOLE_STEP", "region_colors", "steps_section", "timeline_figure"]
 
@@ -26,7 +27,6 @@ COLORS = (
 WHOLE_STEP = "#D9D9D9"
 """A fused trace's whole step (and, stacked, its time outside every region)."""
 
-Chart = Callable[[dict[str, Any], str], str]
 Row = tuple[str, Sequence[TimelineBar]]
 
 
@@ -36,21 +36,18 @@ def region_colors(bars: Iterable[TimelineBar]) -> dict[tuple[str, str], str]:
     return {region: COLORS[index % len(COLORS)] for index, region in enumerate(regions)}
 
 
-def timeline_figure(
-    rows: Sequence[Row], colors: dict[tuple[str, str], str], *, own_clock: bool, layout: Callable[..., dict]
-) -> dict[str, Any]:
+def timeline_figure(rows: Sequence[Row], colors: dict[tuple[str, str], str], *, own_clock: bool) -> dict[str, Any]:
     """Bars on wall-clock time, a row per ``rows`` entry (label, bars), first row on top.
 
     ``own_clock``: each row from its own first start (the steps of one rank); else every row
     from the first start of all (the ranks of one step, on one clock).
     """
-    everything = [b for _, row in rows for b in row]
-    first = min(b.start_ns for b in everything)
-    origin = {label: (min(b.start_ns for b in row) if own_clock else first) for label, row in rows}
     placed = [(label, b) for label, row in rows for b in row]
+    first = min(b.start_ns for _, b in placed)
+    origin = {label: (min(b.start_ns for b in row) if own_clock else first) for label, row in rows}
     # A fused trace's whole step first: drawn first, it lies under the regions it holds, and
     # shows in grey the time between them.
-    kinds = sorted({(not b.whole_step, b.role, b.stage) for b in everything})
+    kinds = sorted({(not b.whole_step, b.role, b.stage) for _, b in placed})
     data = []
     for regional, role, stage in kinds:
         mine = [(label, b) for label, b in placed if (not b.whole_step, b.role, b.stage) == (regional, role, stage)]
@@ -94,9 +91,8 @@ def timeline_figure(
         "layout": layout(
             height=max(160, 90 + 26 * len(rows)),
             barmode="overlay",
-            showlegend=True,
-            legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
-            margin={"l": 16 + 7 * max(len(label) for label in labels), "r": 30, "t": 40, "b": 45},
+            legend=True,
+            margin={"l": label_margin(labels), "r": 30, "t": 40, "b": 45},
             xaxis={"title": {"text": title}, "rangemode": "tozero"},
             yaxis={"type": "category", "categoryorder": "array", "categoryarray": list(reversed(labels))},
         ),
@@ -108,18 +104,18 @@ TIMELINE_STEPS = 40
 their regions), in step order. The stacked chart and the table cover every step."""
 
 
-def steps_section(report: Report, chart: Chart, layout: Callable[..., dict]) -> str:
+def steps_section(report: Report, chart: Chart) -> str:
     """The steps of a one-rank report: one timeline, the time per region stacked per step, and
     each region's spread over the steps."""
     colors = region_colors(report.bars)
-    times = _step_times(report.bars)
+    inside, whole = _step_times(report.bars)
     steps = sorted({b.step for b in report.bars})
+    in_regions = dict.fromkeys(steps, 0.0)  # each step's time inside its regions
+    for (step, _), ms in inside.items():
+        in_regions[step] += ms
     shown = steps
     if len(steps) > TIMELINE_STEPS:
-        total = dict.fromkeys(steps, 0.0)
-        for (step, _), ms in times.inside.items():
-            total[step] += ms
-        shown = sorted(sorted(steps, key=lambda step: -total[step])[:TIMELINE_STEPS])
+        shown = sorted(sorted(steps, key=lambda step: -in_regions[step])[:TIMELINE_STEPS])
     by_step: dict[int, list[TimelineBar]] = {}
     for bar in report.bars:
         by_step.setdefault(bar.step, []).append(bar)
@@ -132,37 +128,35 @@ def steps_section(report: Report, chart: Chart, layout: Callable[..., dict]) -> 
         '<section id="steps"><h2>Steps</h2>'
         f'<p class="meta">{len(steps)} step(s) of {escape(who)}: each step\'s regions from the '
         f"step's start (hover for the file), then each step's time per region.{which}</p>"
-        + chart(timeline_figure(rows, colors, own_clock=True, layout=layout), "timeline")
+        + chart(timeline_figure(rows, colors, own_clock=True), "timeline")
         + '<div class="grid wide">'
-        + chart(_stacked_figure(times, steps, colors, layout), "steps")
-        + _spread_table(times, steps)
+        + chart(_stacked_figure(inside, whole, in_regions, colors), "steps")
+        + _spread_table(inside)
         + "</div></section>"
     )
 
 
-class _StepTimes:
+def _step_times(bars: Iterable[TimelineBar]) -> tuple[dict[tuple[int, tuple[str, str]], float], dict[int, float]]:
     """Wall ms per (step, region) of the regions' bars, and per step of the whole fused steps,
     summed in one pass over the bars (a run of thousands of steps stays linear)."""
-
-    def __init__(self) -> None:
-        self.inside: dict[tuple[int, tuple[str, str]], float] = {}
-        self.whole: dict[int, float] = {}
-
-
-def _step_times(bars: Iterable[TimelineBar]) -> _StepTimes:
-    times = _StepTimes()
+    inside: dict[tuple[int, tuple[str, str]], float] = {}
+    whole: dict[int, float] = {}
     for b in bars:
         if b.whole_step:
-            times.whole[b.step] = times.whole.get(b.step, 0.0) + b.wall_ms
+            whole[b.step] = whole.get(b.step, 0.0) + b.wall_ms
         else:
             key = (b.step, (b.role, b.stage))
-            times.inside[key] = times.inside.get(key, 0.0) + b.wall_ms
-    return times
+            inside[key] = inside.get(key, 0.0) + b.wall_ms
+    return inside, whole
 
 
 def _stacked_figure(
-    times: _StepTimes, steps: Sequence[int], colors: dict[tuple[str, str], str], layout: Callable[..., dict]
+    inside: dict[tuple[int, tuple[str, str]], float],
+    whole: dict[int, float],
+    in_regions: dict[int, float],
+    colors: dict[tuple[str, str], str],
 ) -> dict[str, Any]:
+    steps = list(in_regions)
     labels = [f"step {step}" for step in steps]
     data = []
     for (role, stage), color in colors.items():
@@ -171,15 +165,12 @@ def _stacked_figure(
                 "type": "bar",
                 "name": f"{role}/{stage}",
                 "x": labels,
-                "y": [round(times.inside.get((step, (role, stage)), 0.0), 3) for step in steps],
+                "y": [round(inside.get((step, (role, stage)), 0.0), 3) for step in steps],
                 "marker": {"color": color},
                 "hovertemplate": f"{escape(role)}/{escape(stage)}, %{{x}}: %{{y:.2f}} ms<extra></extra>",
             }
         )
-    inside = {step: 0.0 for step in steps}
-    for (step, _), ms in times.inside.items():
-        inside[step] += ms
-    outside = [round(max(0.0, times.whole[step] - inside[step]), 3) if step in times.whole else 0.0 for step in steps]
+    outside = [round(max(0.0, whole[step] - in_regions[step]), 3) if step in whole else 0.0 for step in steps]
     if any(outside):  # fused traces: the step's time outside every region, on top
         data.append(
             {
@@ -196,8 +187,7 @@ def _stacked_figure(
         "layout": layout(
             height=320,
             barmode="stack",
-            showlegend=True,
-            legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+            legend=True,
             margin={"l": 60, "r": 30, "t": 60, "b": 40},
             xaxis={"type": "category"},
             yaxis={"title": {"text": "wall ms"}, "rangemode": "tozero"},
@@ -205,9 +195,9 @@ def _stacked_figure(
     }
 
 
-def _spread_table(times: _StepTimes, steps: Sequence[int]) -> str:
+def _spread_table(inside: dict[tuple[int, tuple[str, str]], float]) -> str:
     per_region: dict[tuple[str, str], dict[int, float]] = {}
-    for (step, region), ms in times.inside.items():
+    for (step, region), ms in inside.items():
         per_region.setdefault(region, {})[step] = ms
     rows = []
     for (role, stage), ran in sorted(per_region.items()):

@@ -1,11 +1,35 @@
-"""The fixed parts of the report page: HTML skeleton, style sheet and drawing script.
+"""The fixed parts of the report page: HTML skeleton, style sheet, drawing script, and what
+every figure's layout shares.
 
 The script draws the charts lazily, as they scroll into view; ``window.tspDrawAll()`` draws
 every one."""
 
 from __future__ import annotations
 
-__all__ = ["PAGE", "SCRIPT", "STYLE"]
+from typing import Any, Callable
+
+__all__ = ["PAGE", "SCRIPT", "STYLE", "Chart", "layout"]
+
+Chart = Callable[[dict[str, Any], str], str]
+"""Files a plotly figure spec and returns its placeholder ``<div>`` (``render_page``'s ``chart``)."""
+
+
+def layout(*, legend: bool = False, **extra: Any) -> dict[str, Any]:
+    """A figure's layout: the page's font on white, a legend in one row above the plot only
+    with ``legend``; ``extra`` adds or replaces keys."""
+    spec: dict[str, Any] = {
+        "margin": {"l": 60, "r": 20, "t": 10, "b": 40},
+        "height": 260,
+        "template": None,
+        "plot_bgcolor": "#ffffff",
+        "paper_bgcolor": "#ffffff",
+        "font": {"family": "system-ui, sans-serif", "size": 12},
+        "showlegend": legend,
+    }
+    if legend:
+        spec["legend"] = {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0}
+    return {**spec, **extra}
+
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 0 auto; max-width: 1400px; padding: 0 24px;
