@@ -9,15 +9,30 @@ deferred hooks run and are waited for, and the summary prints. (What a fork does
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from .errors import TorchstepProfWarning, TraceWriteWarning, warn
-from .recording.slot import OwnedTrace
+from .recording.slot import OwnedTrace, ProfilerSlot
 from .selection import open_blocks
-from .selection.frames import env_hook_scope, frame_if_read
+from .selection.frames import Frame, HookScope, env_hook_scope, frame_if_read
 
-if TYPE_CHECKING:  # the engine imports this module
-    from .engine import Engine
+
+class Engine(Protocol):
+    """What the exit work uses of ``engine.Engine`` (its public methods; the engine imports
+    this module, so it is not imported here)."""
+
+    summary_wanted: bool
+    slot: ProfilerSlot
+
+    def report_missed(self, frame: Frame) -> None: ...
+
+    def warn_once(self, key: str, message: str, category: type[Warning]) -> None: ...
+
+    def finish(self, scope: HookScope, where: Any = None) -> None: ...
+
+    def start_deferred_hooks(self) -> None: ...
+
+    def flush_pending_writes(self) -> None: ...
 
 
 __all__ = ["at_exit", "close_open_blocks"]

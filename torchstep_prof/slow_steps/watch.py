@@ -17,7 +17,7 @@ import os
 import secrets
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from .._shared_files import replace_exclusively
 from ..config.model import AutoTraceConfig
@@ -29,9 +29,6 @@ from .decisions import DECISIONS as _DECISIONS
 from .decisions import own_auto_bytes
 from .rule import HOUR_S, Budget, Detector, Slowdown
 
-if TYPE_CHECKING:
-    from ..triggers.watcher import Watcher
-
 
 __all__ = ["DECISION_PREFIX", "MAX_DECISION_LINES", "TICK_S", "SlowWatch", "as_peer"]
 
@@ -42,6 +39,19 @@ DECISION_PREFIX = "auto-"
 MAX_DECISION_LINES = 20  # exit-summary lines of decisions; later ones are counted in the metrics
 _MAX_SAMPLES = 65_536  # per tick at most; a stalled watch thread keeps the newest
 _MAX_RECORDS_READ = 10_000
+
+
+class _Watcher(Protocol):
+    """What the watch uses of the on-demand watcher (triggers/watcher.py) that runs it."""
+
+    step: Optional[int]
+    plan: Any
+    folder: str
+
+    def serve_own(self, request: Any) -> None: ...
+    def ask_peers(self, request: Any) -> None: ...
+    def statuses(self) -> list[Any]: ...
+    def _warn_once(self, key: str, message: str) -> None: ...
 
 
 def _note(key: str, line: str) -> None:
@@ -98,7 +108,7 @@ class SlowWatch:
 
     # --- the watcher's thread ---------------------------------------------------------------
 
-    def _drain(self, watcher: Watcher) -> list[tuple[int, float]]:
+    def _drain(self, watcher: _Watcher) -> list[tuple[int, float]]:
         if self.config.on == "step":
             samples = self._samples
             return [samples.popleft() for _ in range(len(samples))]
@@ -109,7 +119,7 @@ class SlowWatch:
         step = watcher.step if watcher.step is not None else 0
         return [(step, seconds) for seconds in taken[-_MAX_SAMPLES:]]
 
-    def check(self, watcher: Watcher) -> None:
+    def check(self, watcher: _Watcher) -> None:
         """Read the samples since the last tick; decide on the first slowdown among them.
 
         Steps near a trace are left out: a profiled step (any: scheduled, requested or this
@@ -133,7 +143,7 @@ class SlowWatch:
         """Whether this rank slowed lately (within a baseline of steps): no peer for another."""
         return self.slow_at is not None and (step is None or step - self.slow_at <= self.config.baseline_steps)
 
-    def decide(self, watcher: Watcher, slow: Slowdown) -> None:
+    def decide(self, watcher: _Watcher, slow: Slowdown) -> None:
         rank = current_topology().rank
         self.slow_at = slow.step
         head = f"auto trace: step {slow.step}, rank {rank}: {slow.ratio:.1f}x its median {slow.baseline_ms:.0f} ms"
@@ -160,7 +170,7 @@ class SlowWatch:
         _DECISIONS.counts["traced"] += 1
         _note(f"auto-trace-{request_id}", f"{head}; traced steps {step_ranges(steps)} on {_ranks([rank, *peers])}")
 
-    def _refusal(self, watcher: Watcher, slow: Slowdown) -> Optional[str]:
+    def _refusal(self, watcher: _Watcher, slow: Slowdown) -> Optional[str]:
         if watcher.plan is not None:
             return "busy: a trace of this rank's is planned already"
         statuses = watcher.statuses()
@@ -172,7 +182,7 @@ class SlowWatch:
             bytes_written=job_bytes,
         )
 
-    def _choose(self, watcher: Watcher, rank: int) -> tuple[tuple[int, ...], list[int]]:
+    def _choose(self, watcher: _Watcher, rank: int) -> tuple[tuple[int, ...], list[int]]:
         """The steps (every rank asked can still reach them: the on-demand rule) and the peers:
         the lowest ranks running that did not slow lately."""
         from ..triggers.planning import choose_steps
@@ -190,7 +200,7 @@ class SlowWatch:
             first = max(first, choose_steps(asked, now, self.config.next, 1)[0][0])
         return tuple(range(first, first + self.config.next)), peers
 
-    def _record(self, watcher: Watcher, request_id: str, why: dict[str, Any], steps: tuple[int, ...]) -> None:
+    def _record(self, watcher: _Watcher, request_id: str, why: dict[str, Any], steps: tuple[int, ...]) -> None:
         """The capture's record in the folder: the job's hourly budget counts these."""
         data = dict(why, steps=list(steps), time=time.time())
         try:

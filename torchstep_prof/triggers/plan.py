@@ -11,7 +11,7 @@ its last step. Steps this rank had passed when it read the request are reported,
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import attrs
 
@@ -24,10 +24,13 @@ from ..topology import current_topology
 from .request import Request
 from .running import ENGINE
 
-if TYPE_CHECKING:
-    from .watcher import Watcher
-
 __all__ = ["Plan", "TriggeredFrame"]
+
+
+class _Owner(Protocol):
+    """Where the plan in force is published (the watcher): ``plan`` is what a step boundary reads."""
+
+    plan: Optional[Plan]
 
 
 class TriggeredFrame(Frame):
@@ -42,7 +45,7 @@ class Plan:
     """One request being served: its steps, which of them this rank began, and the frame they
     profile under (made at the first step boundary after the request arrived)."""
 
-    def __init__(self, owner: Watcher, request: Request, entry: dict[str, Any]) -> None:
+    def __init__(self, owner: _Owner, request: Request, entry: dict[str, Any]) -> None:
         self.owner = owner
         self.entry = entry  # this request's line in the status file: its outcome is kept there
         self.request = request

@@ -308,13 +308,22 @@ def scan_traces(
     the reason. Files whose names parse and fail the filters are not even opened. One file is in
     memory at a time.
     """
-    from .parallel import scan_paths  # it reads with this module's functions
-
+    filters = filters or TraceFilter()
     if isinstance(directory, (str, os.PathLike)):
         paths = find_trace_files(directory)
     else:
         paths = [os.fspath(p) for p in directory]
-    return scan_paths(paths, filters, top=top)
+    infos: list[TraceInfo] = []
+    unreadable: list[Unreadable] = []
+    for path in paths:
+        if wanted_by_name(path, filters):
+            found = read_or_skip(path, top)
+            if isinstance(found, Unreadable):
+                unreadable.append(found)
+            elif filters.matches(found):
+                infos.append(found)
+    infos.sort(key=trace_sort_key)
+    return infos, unreadable
 
 
 def read_or_skip(path: str, top: int = 0) -> TraceInfo | Unreadable:

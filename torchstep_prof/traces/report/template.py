@@ -1,5 +1,6 @@
-"""The fixed parts of the report page: HTML skeleton, style sheet, drawing script, and what
-every figure's layout shares.
+"""The fixed parts of the report page.
+
+The HTML skeleton, the style sheet, the drawing script, and what every figure's layout shares.
 
 The script draws the charts lazily, as they scroll into view; ``window.tspDrawAll()`` draws
 every one."""
