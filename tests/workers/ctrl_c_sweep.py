@@ -9,6 +9,7 @@ import ctypes
 import json
 import signal
 import sys
+import threading
 
 import torch
 from torch.autograd import profiler as autograd_profiler
@@ -30,9 +31,14 @@ class _Sigevent(ctypes.Structure):  # Linux's struct sigevent: 64 bytes
     _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int), ("_pad", ctypes.c_byte * 48)]
 
 
-CLOCK_MONOTONIC, SIGEV_SIGNAL = 1, 0
+CLOCK_MONOTONIC, SIGEV_THREAD_ID = 1, 4
+# Sent to the main thread itself: sent to the process, the kernel may hand it to another thread
+# (torch's, the writer's) whose handler runs only when that thread is next scheduled, after the
+# loop below has moved on, and the Ctrl-C then lands in the next step's first line instead.
+_event = _Sigevent(None, signal.SIGINT, SIGEV_THREAD_ID)
+ctypes.c_int.from_buffer(_event._pad).value = threading.get_native_id()  # sigev_notify_thread_id
 _timer = ctypes.c_void_p()
-if _libc.timer_create(CLOCK_MONOTONIC, ctypes.byref(_Sigevent(None, signal.SIGINT, SIGEV_SIGNAL)), ctypes.byref(_timer)):
+if _libc.timer_create(CLOCK_MONOTONIC, ctypes.byref(_event), ctypes.byref(_timer)):
     raise OSError(ctypes.get_errno(), "timer_create")
 
 
