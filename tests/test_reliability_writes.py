@@ -490,6 +490,7 @@ def test_a_second_ctrl_c_at_exit_leaves_no_finish_hook_running(tmp_path):
     prelude = textwrap.dedent(
         f"""
         import sys, time, torch, torchstep_prof as tsp
+        import torch._dynamo.utils  # its at-exit callback runs after our exit work (see below)
         with tsp.configure(save_path=sys.argv[1] + "-early", summary=False), tsp.schedule(steps=[1]), \\
                 tsp.on_finish([sys.executable, "-c", {hook!r}]):
             with tsp.profile_region("critic", "update", step=1):
